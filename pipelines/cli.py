@@ -1,0 +1,43 @@
+"""The `evalbeam` command: one subcommand per task, plus `demo`."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: evalbeam COMMAND [options]
+
+commands:
+  classification   evaluate classification predictions (evalbeam classification --help)
+  demo             make a small synthetic dataset, evaluate it and show the results
+
+See the README for input formats, options and outputs."""
+
+
+def quiet_logs() -> None:
+    """Beam logs warnings of optional cloud clients on import; a CLI user needs none of them.
+    EVALBEAM_LOG_LEVEL (e.g. INFO) brings them back."""
+    import logging
+    import os
+
+    logging.getLogger().setLevel(os.environ.get("EVALBEAM_LOG_LEVEL", "ERROR").upper())
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    quiet_logs()
+    if command == "classification":
+        from pipelines.classification import run
+    elif command == "demo":
+        from pipelines.demo import run
+    else:
+        print(f"evalbeam: error: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(rest))
+
+
+if __name__ == "__main__":
+    main()

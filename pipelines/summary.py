@@ -1,0 +1,52 @@
+"""Readable end-of-run summaries printed by the launchers (the files hold the full results)."""
+
+from __future__ import annotations
+
+import json
+
+from apache_beam.io.filesystems import FileSystems
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def classification_summary(metrics_path: str, counts: dict, config) -> str:
+    """One row per (model, slice, label key): accuracy and macro precision/recall/F1 at the first
+    score threshold, and mROCAUC."""
+    threshold = config.score_thresholds[0]
+    table: dict[tuple, dict] = {}
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            params = record["parameters"]
+            if params.get("score_threshold", threshold) != threshold:
+                continue
+            key = params.get("label_key") or (params.get("label") or {}).get("key")
+            row = table.setdefault((record["model"], json.dumps(record["slice"]), key), {})
+            kind = record["type"]
+            if kind in ("Precision", "Recall", "F1"):
+                row.setdefault(kind, []).append(record["value"])
+            elif kind in ("Accuracy", "mROCAUC"):
+                row[kind] = record["value"]
+    rows = []
+    for (model, slice_text, key), row in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1] != "{}", kv[0][1], kv[0][2])):
+        macro = {k: (sum(v) / len(v) if v else None) for k, v in row.items() if isinstance(v, list)}
+        slice_value = json.loads(slice_text)
+        rows.append([model, ", ".join(f"{k}={v}" for k, v in slice_value.items()) or "(all)", key,
+                     _fmt(row.get("Accuracy")), _fmt(macro.get("Precision")),
+                     _fmt(macro.get("Recall")), _fmt(macro.get("F1")), _fmt(row.get("mROCAUC"))])
+    header = ["model", "slice", "label key", "accuracy", "precision", "recall", "F1", "mROCAUC"]
+    hardmax = "hardmax" if config.hardmax else "no hardmax"
+    title = (f"\nClassification summary (score threshold {threshold}, {hardmax}; precision, "
+             f"recall and F1 are macro means over label values)")
+    inputs = _table(["source", "rows read", "evaluated", "rejected"],
+                    [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
+                     for name, c in counts.items()])
+    return f"{title}\n{_table(header, rows)}\n\n{inputs}"

@@ -1,0 +1,397 @@
+"""Beam building blocks of classification: shard matching, the CombineFn, the composites.
+
+Data flow (see DESIGN.md): rows of every source are validated and split by shard (ReadRows or
+RowsFromDicts) -> GroupByKey(shard) -> MatchShard joins ground truths and each model's predictions
+of the shard and runs the numpy kernel per (model, slice) -> CombinePerKey(ClassificationCombineFn)
+adds the partial states -> records.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.classification import LabelRows, validate, vocabulary
+from schemas.formats import dict_rows_table
+from schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
+                          reject)
+from transforms.io import TAG_REJECTED, TAG_STATS, TAG_VOCAB, Progress, ReadRows
+from transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
+                                               key_metrics, match_key)
+
+GROUNDTRUTHS = "groundtruths"
+
+
+def schema_of(source: str) -> pa.Schema:
+    return CLASSIFICATION_GROUNDTRUTH if source == GROUNDTRUTHS else CLASSIFICATION_PREDICTION
+
+
+def validate_source(table: pa.Table, file_id: int, source: str):
+    return validate(table, scored=source != GROUNDTRUTHS, file_id=file_id)
+
+
+class _SourceValidate:
+    """validate(table, file_id) that looks the source up from the table's own schema."""
+
+    def __call__(self, table, file_id):
+        scored = "score" in [f.name for f in table.schema.field("labels").type.value_type]
+        return validate(table, scored=scored, file_id=file_id)
+
+
+class VocabularyCombineFn(beam.CombineFn):
+    """{label key: set of values} parts -> {label key: sorted list of values}."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, part):
+        for key, values in part.items():
+            acc.setdefault(key, set()).update(values)
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = {}
+        for acc in accs:
+            self.add_input(out, acc)
+        return out
+
+    def extract_output(self, acc):
+        return {key: sorted(values) for key, values in sorted(acc.items())}
+
+
+def _dedupe(rows: LabelRows) -> tuple[LabelRows, np.ndarray, np.ndarray]:
+    """Drop every row whose datum_uid occurs more than once: (kept rows, dropped row indices,
+    occurrence count of each dropped row's uid)."""
+    codes = pc.dictionary_encode(rows.uid).indices.to_numpy()
+    counts = np.bincount(codes, minlength=1)[codes] if len(rows) else np.zeros(0, np.int64)
+    dropped = np.flatnonzero(counts > 1)
+    if not dropped.size:
+        return rows, dropped, counts[dropped]
+    return rows.take(np.flatnonzero(counts == 1)), dropped, counts[dropped]
+
+
+def _code(names: list, name: str) -> int:
+    """Code of name in names, or -1 (matches no label) when absent."""
+    try:
+        return names.index(name)
+    except ValueError:
+        return -1
+
+
+def slice_groups(gt: LabelRows, slice_specs: list[tuple[str, ...]]) -> list[tuple[str, np.ndarray]]:
+    """[(slice JSON, datum indices)]: the whole shard as "{}", then one group per combination of
+    values of each spec's metadata keys present in the shard."""
+    groups = [("{}", np.arange(len(gt)))]
+    for spec in slice_specs:
+        columns = [gt.slices[key].to_numpy(zero_copy_only=False) for key in spec]
+        if not len(gt):
+            continue
+        combos = np.array(["\x1f".join(parts) for parts in zip(*columns)], dtype=object)
+        unique, inverse = np.unique(combos, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(unique.size + 1))
+        for i, combo in enumerate(unique):
+            values = {key: json.loads(text) for key, text in zip(spec, combo.split("\x1f"))}
+            groups.append((canonical_json(values), order[bounds[i]:bounds[i + 1]]))
+    return groups
+
+
+class MatchShard(beam.DoFn):
+    """(shard, [(source, rows), ...]) -> ((model, slice JSON), {label key: KeyState}).
+
+    Rejects here what only the whole shard can show: a datum_uid repeated within one source
+    (every copy is rejected, so the result does not depend on which copy came first) and
+    predictions whose datum has no valid ground truth. Tagged outputs as in ReadRows."""
+
+    def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
+                 files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int):
+        self.config = config
+        self.models = models
+        self.slice_specs = [tuple(s) for s in slice_specs]
+        self.files = files
+        self.quiet = quiet
+        self.started = started
+        self.num_shards = num_shards
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+        self.matched = 0
+
+    def _reject(self, source, rows: LabelRows, index, reason_of):
+        for i in np.asarray(index, dtype=np.int64):
+            files = self.files.get(source, ())
+            file_id = int(rows.file_id[i])
+            path = files[file_id] if file_id < len(files) else source
+            position_name = "row" if path.endswith((".parquet", ".pq")) else "line"
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
+                source, path, int(rows.position[i]), reason_of(i), rows.uid[int(i)].as_py(),
+                position_name))
+
+    def process(self, element, vocab):
+        shard, pieces = element
+        by_source: dict[str, list[LabelRows]] = {}
+        for source, rows in pieces:
+            by_source.setdefault(source, []).append(rows)
+        gt_parts = by_source.get(GROUNDTRUTHS, [])
+        gt_all = LabelRows.concat(gt_parts) if gt_parts else None
+        if gt_all is None:
+            gt = None
+        else:
+            gt, dropped, counts = _dedupe(gt_all)
+            times = dict(zip(dropped.tolist(), counts.tolist()))
+            yield from self._reject(GROUNDTRUTHS, gt_all, dropped, lambda i: (
+                f"datum_uid appears {times[int(i)]} times in {GROUNDTRUTHS}"))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), len(dropped)))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
+
+        keys = sorted(vocab)
+        if gt is not None:
+            gt_values = {}
+            for key in keys:
+                column = np.full(len(gt), -1, dtype=np.int32)
+                mask = gt.key_code == _code(gt.key_names, key)
+                column[gt.label_row[mask]] = gt.codes_in(gt.value_names, gt.value_code[mask], vocab[key])
+                gt_values[key] = column
+            groups = slice_groups(gt, self.slice_specs)
+
+        for model in self.models:
+            parts = by_source.get(model, [])
+            if not parts:
+                predictions = None
+            else:
+                all_rows = LabelRows.concat(parts)
+                predictions, dropped, counts = _dedupe(all_rows)
+                times = dict(zip(dropped.tolist(), counts.tolist()))
+                yield from self._reject(model, all_rows, dropped, lambda i: (
+                    f"datum_uid appears {times[int(i)]} times in the predictions of {model}"))
+                if gt is not None and len(predictions):
+                    datum = np.asarray(pc.index_in(predictions.uid, value_set=gt.uid).fill_null(-1),
+                                       dtype=np.int64)
+                else:
+                    datum = np.full(len(predictions), -1, dtype=np.int64)
+                orphans = np.flatnonzero(datum < 0)
+                yield from self._reject(model, predictions, orphans,
+                                        lambda i: "no valid ground truth for this datum_uid")
+                yield beam.pvalue.TaggedOutput(
+                    TAG_STATS, (("rows_rejected", model), len(dropped) + len(orphans)))
+                yield beam.pvalue.TaggedOutput(
+                    TAG_STATS, (("rows_evaluated", model), len(predictions) - len(orphans)))
+            if gt is None:
+                continue
+            entries = {}
+            if predictions is not None and len(predictions.label_row):
+                label_datum = datum[predictions.label_row]
+                matched = label_datum >= 0
+                for key in keys:
+                    mask = matched & (predictions.key_code == _code(predictions.key_names, key))
+                    if mask.any():
+                        entries[key] = (label_datum[mask],
+                                        predictions.codes_in(predictions.value_names,
+                                                             predictions.value_code[mask], vocab[key]),
+                                        predictions.label_score[mask])
+            for slice_json, rows in groups:
+                yield (model, slice_json), self._slice_state(gt, gt_values, entries, rows, vocab)
+        self.matched += 1
+        self.progress.say("match", f"matched shard {shard} ({self.matched} in this worker, "
+                                   f"{self.num_shards} in all)")
+
+    def _slice_state(self, gt, gt_values, entries, rows, vocab) -> dict[str, KeyState]:
+        position = np.full(len(gt), -1, dtype=np.int64)
+        position[rows] = np.arange(rows.size)
+        uid = gt.uid.take(pa.array(rows))
+        states = {}
+        for key, column in gt_values.items():
+            sub_gt = column[rows]
+            if key in entries:
+                d, v, s = entries[key]
+                inside = position[d] >= 0
+                d, v, s = position[d[inside]], v[inside], s[inside]
+            else:
+                d, v, s = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0)
+            if not (sub_gt >= 0).any() and not d.size:
+                continue
+            states[key] = match_key(sub_gt, gt.hash[rows], uid, d, v, s, len(vocab[key]), self.config)
+        return states
+
+
+class ClassificationCombineFn(beam.CombineFn):
+    """Adds {label key: KeyState} partial states; exact (integer counts, merged histograms)."""
+
+    def __init__(self, config: ClassificationConfig):
+        self.config = config
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, partial):
+        for key, state in partial.items():
+            if key in acc:
+                acc[key].merge(state, self.config)
+            else:
+                acc[key] = state.copy()
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        out = next(accs)
+        for acc in accs:
+            for key, state in acc.items():
+                if key in out:
+                    out[key].merge(state, self.config)
+                else:
+                    out[key] = state
+        return out
+
+    def compact(self, acc):
+        for state in acc.values():
+            state.compact()
+        return acc
+
+    def extract_output(self, acc):
+        return self.compact(acc)
+
+
+def to_records(element, vocab, config: ClassificationConfig):
+    """((model, slice JSON), {key: KeyState}) -> metric records with model and slice."""
+    (model, slice_json), states = element
+    slice_value = json.loads(slice_json)
+    for key in sorted(states):
+        for record in key_metrics(states[key], key, vocab[key], config):
+            record["model"] = model
+            record["slice"] = slice_value
+            yield record
+
+
+TYPE_ORDER = {name: i for i, name in enumerate(METRIC_TYPES)}
+
+
+def record_sort_key(record: dict):
+    """Stable order of metrics.jsonl: model, slice, label key, type, label value, threshold."""
+    params = record["parameters"]
+    label = params.get("label") or {}
+    return (record["model"], len(record["slice"]), canonical_json(record["slice"]),
+            label.get("key", params.get("label_key", "")), TYPE_ORDER.get(record["type"], 99),
+            label.get("value", ""), params.get("score_threshold", -1.0),
+            canonical_json(params))
+
+
+def reject_sort_key(record: dict):
+    return (record["source"], record["file"], record.get("line", record.get("row")) or 0,
+            record["reason"])
+
+
+class MatchAndCombine(beam.PTransform):
+    """Shard pieces (shard, (source, rows)) + vocabulary -> metric records, rejects, stats."""
+
+    def __init__(self, config, models, slice_specs, files, quiet, started, num_shards):
+        super().__init__()
+        self.match = MatchShard(config, models, slice_specs, files, quiet, started, num_shards)
+        self.config = config
+
+    def expand(self, inputs):
+        pieces, vocab = inputs
+        vocab_view = beam.pvalue.AsSingleton(vocab)
+        matched = (pieces
+                   | "GroupByShard" >> beam.GroupByKey()
+                   | "MatchShard" >> beam.ParDo(self.match, vocab_view).with_outputs(
+                       TAG_REJECTED, TAG_STATS, main="partials"))
+        records = (matched.partials
+                   | "Combine" >> beam.CombinePerKey(ClassificationCombineFn(self.config))
+                   | "Records" >> beam.FlatMap(to_records, vocab_view, self.config))
+        return records, matched[TAG_REJECTED], matched[TAG_STATS]
+
+
+class RowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> shard pieces, like ReadRows for files."""
+
+    def __init__(self, slice_keys: list[str], num_shards: int):
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def process(self, element):
+        source, batch = element
+        slice_keys = self.slice_keys if source == GROUNDTRUTHS else []
+        table, unparsed = dict_rows_table(batch, 0, schema_of(source), slice_keys)
+        rows, rejects = validate_source(table, 0, source)
+        for _, reason in unparsed:
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, source, None, reason, None, "row"))
+        for _, uid, reason in rejects:
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, source, None, reason, uid, "row"))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", source), len(batch)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), len(unparsed) + len(rejects)))
+        yield beam.pvalue.TaggedOutput(TAG_VOCAB, vocabulary(rows))
+        for shard, piece in rows.partition(self.num_shards).items():
+            yield shard, (source, piece)
+
+
+class EvaluateClassification(beam.PTransform):
+    """Classification metrics for a user's own pipeline.
+
+    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
+    in the README). Output: a PCollection of metric records {"type", "value", "parameters",
+    "model", "slice"}. With with_diagnostics=True the output is (records, rejects, stats), where
+    stats holds ((counter, source), n) pairs.
+    """
+
+    def __init__(self, config: ClassificationConfig | None = None, slices=(), num_shards: int = 16,
+                 batch_size: int = 10_000, with_diagnostics: bool = False):
+        super().__init__()
+        self.config = config or ClassificationConfig()
+        self.slices = [tuple(s) for s in slices]
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    def expand(self, pcolls):
+        if GROUNDTRUTHS not in pcolls:
+            raise ValueError(f"EvaluateClassification needs a {GROUNDTRUTHS!r} PCollection")
+        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
+        slice_keys = sorted({key for spec in self.slices for key in spec})
+        outputs = []
+        for name in [GROUNDTRUTHS] + models:
+            outputs.append(
+                pcolls[name]
+                | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
+                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(slice_keys, self.num_shards)).with_outputs(
+                    TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
+        pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
+        vocab = ([o[TAG_VOCAB] for o in outputs] | "VocabParts" >> beam.Flatten()
+                 | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn()))
+        records, rejected, stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
+            self.config, models, self.slices, {}, True, 0.0, self.num_shards)
+        if not self.with_diagnostics:
+            return records
+        rejected = ([o[TAG_REJECTED] for o in outputs] + [rejected]) | "Rejected" >> beam.Flatten()
+        stats = ([o[TAG_STATS] for o in outputs] + [stats]) | "Stats" >> beam.Flatten()
+        return records, rejected, stats
+
+
+class ReadClassificationFiles(beam.PTransform):
+    """Sources (name -> Source with expanded files) -> (pieces, vocabulary, rejects, stats)."""
+
+    def __init__(self, sources, slice_keys, num_shards, quiet, started):
+        super().__init__()
+        self.sources = sources
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def expand(self, pbegin):
+        files = [(name, i) for name, source in sorted(self.sources.items())
+                 for i in range(len(source.files))]
+        schemas = {name: schema_of(name) for name in self.sources}
+        read = (pbegin
+                | "Files" >> beam.Create(files)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(ReadRows(
+                    self.sources, schemas, _SourceValidate(), vocabulary, self.slice_keys,
+                    self.num_shards, self.quiet, self.started)).with_outputs(
+                        TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
+        vocab = read[TAG_VOCAB] | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn())
+        return read.pieces, vocab, read[TAG_REJECTED], read[TAG_STATS]

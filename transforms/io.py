@@ -1,0 +1,224 @@
+"""Reading inputs and writing outputs through Beam's FileSystems (local, gs://, s3://, ...).
+
+Inputs are expanded and checked before the pipeline is built (expand_source, preflight), so a
+missing, empty or unusable input stops the run at once with a readable message. Outputs are
+written by the pipeline into a temporary folder inside the output folder and moved into place by
+the launcher only when the run has finished (finalize_outputs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.formats import format_of, jsonl_blocks, parquet_tables, parse_jsonl_block
+from schemas.rows import reject
+
+TAG_REJECTED = "rejected"
+TAG_STATS = "stats"
+TAG_VOCAB = "vocab"
+
+
+class InputError(Exception):
+    """An input that cannot be used at all: the run stops before it starts."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One named input: "groundtruths" or a model name, and the files its pattern matched."""
+
+    name: str
+    pattern: str
+    files: tuple[str, ...]
+
+    def position_name(self, file_id: int) -> str:
+        return "row" if format_of(self.files[file_id]) == "parquet" else "line"
+
+
+def expand_source(name: str, pattern: str) -> Source:
+    """Match a path or glob; every match must be a file of a known format and not empty."""
+    try:
+        results = FileSystems.match([pattern])[0].metadata_list
+    except Exception as error:  # each filesystem raises its own error types
+        raise InputError(f"cannot list {pattern!r} for {name}: {error}") from None
+    if not results:
+        raise InputError(f"no file matches {pattern!r} (given for {name}). Check the path; "
+                         "globs such as 'preds/*.jsonl' are expanded by evalbeam, so quote them.")
+    files = sorted(m.path for m in results)
+    for meta in sorted(results, key=lambda m: m.path):
+        if format_of(meta.path) is None:
+            raise InputError(f"{meta.path} (given for {name}) has an unknown format: use .jsonl "
+                             "(or .ndjson, .json, optionally .gz) or .parquet file names.")
+        if meta.size_in_bytes == 0:
+            raise InputError(f"{meta.path} (given for {name}) is empty: there is nothing to "
+                             "evaluate in it.")
+    return Source(name, pattern, tuple(files))
+
+
+def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: list[str]) -> None:
+    """Open every file and check that it holds rows of the expected shape.
+
+    A JSONL file passes when one of its first 100 non-blank lines is a JSON object with all the
+    `required` fields; a Parquet file when its columns can be read as the schema. Bad rows are not
+    errors here (they are rejected one by one later); a file with no usable row at its start is."""
+    for path in source.files:
+        try:
+            with FileSystems.open(path) as stream:
+                if format_of(path) == "parquet":
+                    next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
+                    continue
+                head = stream.read(1 << 20)
+        except TypeError as error:
+            raise InputError(f"{path} (given for {source.name}) cannot be used: {error}.") from None
+        except Exception as error:
+            raise InputError(f"cannot read {path} (given for {source.name}): {error}") from None
+        lines = [line for line in head.split(b"\n")[:-1] if line.strip()][:100] or [head]
+        if not any(line.strip() for line in lines):
+            raise InputError(f"{path} (given for {source.name}) holds no rows.")
+        shapes, usable = [], False
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and all(field in row for field in required):
+                usable = True
+                break
+            shapes.append(sorted(row) if isinstance(row, dict) else type(row).__name__)
+        if not usable:
+            seen = f"; the first row has {shapes[0]}" if shapes else "; no line is valid JSON"
+            raise InputError(
+                f"{path} (given for {source.name}) does not look like evalbeam rows: none of its "
+                f"first {len(lines)} lines is a JSON object with the fields {list(required)}{seen}. "
+                "See the input formats in the README.")
+
+
+class Progress:
+    """Throttled progress lines on stderr (at most one a second per process, per kind)."""
+
+    def __init__(self, quiet: bool, started: float):
+        self.quiet = quiet
+        self.started = started
+        self._last: dict[str, float] = {}
+
+    def say(self, kind: str, text: str, force: bool = False) -> None:
+        if self.quiet:
+            return
+        now = time.time()
+        if force or now - self._last.get(kind, 0.0) >= 1.0:
+            self._last[kind] = now
+            print(f"evalbeam: {text} ({now - self.started:.1f} s)", file=sys.stderr, flush=True)
+
+
+class ReadRows(beam.DoFn):
+    """(source name, file id) -> validated rows split by shard.
+
+    Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
+    outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n), TAG_VOCAB
+    {label key: set of values}. `validate(table, file_id)` is the task's validation function
+    (a module-level function, so the DoFn pickles)."""
+
+    def __init__(self, sources: dict[str, Source], schemas: dict, validate, vocabulary,
+                 slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        self.sources = sources
+        self.schemas = schemas
+        self.validate = validate
+        self.vocabulary = vocabulary
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+
+    def process(self, element):
+        name, file_id = element
+        source = self.sources[name]
+        path = source.files[file_id]
+        schema = self.schemas[name]
+        position_name = source.position_name(file_id)
+        slice_keys = self.slice_keys if name == "groundtruths" else []
+        read = 0
+        with FileSystems.open(path) as stream:
+            if format_of(path) == "parquet":
+                tables = ((table, []) for table in parquet_tables(stream, schema, slice_keys))
+            else:
+                tables = (parse_jsonl_block(block, first, schema, slice_keys)
+                          for block, first in jsonl_blocks(stream))
+            for table, unparsed in tables:
+                rows, rejects = self.validate(table, file_id)
+                for position, reason in unparsed:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_REJECTED, reject(name, path, position, reason, None, position_name))
+                for position, uid, reason in rejects:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_REJECTED, reject(name, path, position, reason, uid, position_name))
+                n = table.num_rows + len(unparsed)
+                read += n
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n))
+                yield beam.pvalue.TaggedOutput(
+                    TAG_STATS, (("rows_rejected", name), len(unparsed) + len(rejects)))
+                yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
+                for shard, piece in rows.partition(self.num_shards).items():
+                    yield shard, (name, piece)
+                self.progress.say(path, f"read {read:,} rows of {path}")
+        self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
+
+
+class WriteJsonl(beam.PTransform):
+    """Write all elements (dicts) to one JSONL file, sorted by sort_key: small outputs only."""
+
+    def __init__(self, path: str, sort_key):
+        super().__init__()
+        self.path = path
+        self.sort_key = sort_key
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "Gather" >> beam.combiners.ToList()
+                | "Write" >> beam.Map(write_jsonl, self.path, self.sort_key))
+
+
+def write_jsonl(records: list, path: str, sort_key=None) -> int:
+    if sort_key is not None:
+        records = sorted(records, key=sort_key)
+    with FileSystems.create(path) as out:
+        for record in records:
+            out.write((json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8"))
+    return len(records)
+
+
+def write_json(obj, path: str) -> None:
+    with FileSystems.create(path) as out:
+        out.write((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: str):
+    with FileSystems.open(path) as stream:
+        return json.loads(stream.read().decode("utf-8"))
+
+
+def count_lines(path: str) -> int:
+    with FileSystems.open(path) as stream:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: stream.read(1 << 20), b""))
+
+
+def join(folder: str, name: str) -> str:
+    return FileSystems.join(folder, name)
+
+
+def delete_if_exists(paths: list[str]) -> None:
+    existing = [p for p in paths if FileSystems.exists(p)]
+    if existing:
+        FileSystems.delete(existing)
+
+
+def move(source: str, destination: str) -> None:
+    delete_if_exists([destination])
+    FileSystems.rename([source], [destination])

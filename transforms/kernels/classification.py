@@ -1,0 +1,460 @@
+"""Classification: per-shard matching, mergeable partial state and final metrics (pure numpy).
+
+Vocabulary. Each label key k has a global sorted vocabulary of label values (the union of ground
+truth and predicted values over the whole input); value index i is the i-th string in sorted order,
+so "smallest index" means "lexicographically smallest value". Shards share the vocabulary, so
+merging partial states is addition.
+
+Population. For a model and key k, the population is every datum that has a ground-truth value for
+k or at least one prediction for k. A datum in the population without a ground-truth value for k
+(only predictions) is a negative for every value; its positive predictions are hallucinations.
+A datum with a ground truth for k and no prediction for k scores 0 for every value (a miss).
+
+Predicted positive. A prediction (d, v, s) is positive at score threshold t when s >= t and s > 0
+(a score of 0 is "not predicted", as in Valor). With hardmax, only the datum's top-scoring value
+for the key can be positive; ties in score go to the lexicographically smallest value.
+
+Per value v at threshold t (one-vs-rest):
+    tp = #datums with ground truth v and v positive     fp = #datums without ground truth v and v positive
+    fn = #datums with ground truth v and v not positive  tn = n_pop - tp - fp - fn
+    precision = tp / (tp + fp), recall = tp / (tp + fn), F1 = 2 tp / (2 tp + fp + fn),
+each 0 when its denominator is 0 (scikit-learn's zero_division=0).
+Accuracy(k, t) = sum_v tp / #datums with a ground truth for k (0 when there are none).
+ROC AUC(v): sklearn.metrics.roc_auc_score(gt == v, score_v) over the population, computed exactly
+from score histograms; undefined (None) without positives or negatives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
+from transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
+
+METRIC_TYPES = (
+    "Counts", "Precision", "Recall", "F1", "Accuracy", "ROCAUC", "mROCAUC",
+    "PrecisionRecallCurve", "ConfusionMatrix", "DetailedPrecisionRecallCurve",
+)
+DEFAULT_PR_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+# Order of the categories of DetailedPrecisionRecallCurve counts (last axis of KeyState.detailed).
+DETAILED = ("tp", "fp_misclassification", "fp_hallucination", "fn_misclassification",
+            "fn_no_prediction")
+
+
+@dataclass(frozen=True)
+class ClassificationConfig:
+    score_thresholds: tuple[float, ...] = (0.0,)
+    hardmax: bool = True
+    pr_curve_thresholds: tuple[float, ...] = DEFAULT_PR_THRESHOLDS
+    max_examples: int = 1
+    metrics: frozenset[str] = frozenset(METRIC_TYPES)
+
+    def __post_init__(self):
+        # Kernels rely on ascending, distinct thresholds.
+        for name in ("score_thresholds", "pr_curve_thresholds"):
+            object.__setattr__(self, name, tuple(sorted(set(float(t) for t in getattr(self, name)))))
+
+    @property
+    def needs_histogram(self) -> bool:
+        return bool(self.metrics & {"ROCAUC", "mROCAUC", "PrecisionRecallCurve"})
+
+    @property
+    def needs_confusion(self) -> bool:
+        return "ConfusionMatrix" in self.metrics
+
+    @property
+    def needs_detailed(self) -> bool:
+        return "DetailedPrecisionRecallCurve" in self.metrics
+
+
+@dataclass
+class KeyState:
+    """Mergeable partial state of one label key with V values, T score thresholds and
+    P PR-curve thresholds.
+
+    n_pop: datums in the population; n_gt int64[V]: datums with ground truth v;
+    n_pred int64[V]: prediction entries with value v (any score); tp, fp int64[T, V];
+    hist_parts: score histograms (merged lazily, see compact()); cm int64[T, V+1, V+1]: confusion
+    counts, row = ground truth (V = none), column = positive prediction (V = none);
+    detailed int64[P, V, 5] in DETAILED order; examples of the confusion matrix (group =
+    (t * (V+1) + row) * (V+1) + column) and of the detailed curve (group = (p * 5 + category) * V + v).
+    """
+
+    n_values: int
+    n_pop: int
+    n_gt: np.ndarray
+    n_pred: np.ndarray
+    tp: np.ndarray
+    fp: np.ndarray
+    hist_parts: list[ScoreHistogram] = field(default_factory=list)
+    cm: np.ndarray | None = None
+    cm_examples: ExampleSet | None = None
+    detailed: np.ndarray | None = None
+    detailed_examples: ExampleSet | None = None
+
+    def copy(self) -> "KeyState":
+        """A copy whose arrays can be added to without touching self (example sets and
+        histograms are never modified in place, so they are shared)."""
+        return KeyState(
+            self.n_values, self.n_pop, self.n_gt.copy(), self.n_pred.copy(), self.tp.copy(),
+            self.fp.copy(), list(self.hist_parts), None if self.cm is None else self.cm.copy(),
+            self.cm_examples, None if self.detailed is None else self.detailed.copy(),
+            self.detailed_examples)
+
+    def merge(self, other: "KeyState", config: ClassificationConfig) -> "KeyState":
+        """Add other into self (same key, same vocabulary) and return self."""
+        if other.n_values != self.n_values:
+            raise ValueError("cannot merge states built on different vocabularies")
+        self.n_pop += other.n_pop
+        self.n_gt += other.n_gt
+        self.n_pred += other.n_pred
+        self.tp += other.tp
+        self.fp += other.fp
+        self.hist_parts.extend(other.hist_parts)
+        self._maybe_compact()
+        if self.cm is not None:
+            self.cm += other.cm
+            self.cm_examples = ExampleSet.concat(
+                [self.cm_examples, other.cm_examples]).reduce(config.max_examples)
+        if self.detailed is not None:
+            self.detailed += other.detailed
+            self.detailed_examples = ExampleSet.concat(
+                [self.detailed_examples, other.detailed_examples]).reduce(config.max_examples)
+        return self
+
+    def _maybe_compact(self) -> None:
+        # Merge pending histograms once they outweigh the largest one: each entry is then
+        # re-sorted O(log #parts) times in all, instead of once per incoming shard.
+        if len(self.hist_parts) < 2:
+            return
+        sizes = sorted(len(p) for p in self.hist_parts)
+        if sum(sizes[:-1]) >= sizes[-1] or len(self.hist_parts) > 32:
+            self.compact()
+
+    def compact(self) -> ScoreHistogram:
+        hist = ScoreHistogram.merge(self.hist_parts)
+        self.hist_parts = [hist] if len(hist) else []
+        return hist
+
+
+def winners(entry_datum: np.ndarray, entry_value: np.ndarray, entry_score: np.ndarray) -> np.ndarray:
+    """Mask of each datum's top-scoring entry (bool[m]); ties go to the smallest value index.
+
+    Entries must be sorted by datum (no sort here: segment reductions only)."""
+    m = entry_datum.size
+    if not m:
+        return np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(np.r_[True, entry_datum[1:] != entry_datum[:-1]])
+    segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, m]))
+    tied = entry_score == np.maximum.reduceat(entry_score, starts)[segment]
+    best = np.minimum.reduceat(np.where(tied, entry_value, np.iinfo(np.int32).max), starts)[segment]
+    return tied & (entry_value == best)
+
+
+def levels(score: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many thresholds each score reaches: the item is predicted positive at threshold index
+    p (thresholds ascending) exactly when level > p. Scores of 0 reach none (never positive)."""
+    out = np.searchsorted(thresholds, score, side="right").astype(np.int64)
+    out[score <= 0] = 0
+    return out
+
+
+def counts_above(groups: np.ndarray, item_levels: np.ndarray, n_groups: int, n_thresholds: int) -> np.ndarray:
+    """int64[P, G]: at each threshold index p, how many items of each group have level > p."""
+    P = n_thresholds
+    h = np.bincount(groups.astype(np.int64) * (P + 1) + item_levels,
+                    minlength=n_groups * (P + 1)).reshape(n_groups, P + 1)
+    at_least = np.cumsum(h[:, ::-1], axis=1)[:, ::-1]
+    return np.ascontiguousarray(at_least[:, 1:].T)
+
+
+def counts_from(groups: np.ndarray, start_levels: np.ndarray, n_groups: int, n_thresholds: int) -> np.ndarray:
+    """int64[P, G]: at each threshold index p, how many items of each group have start <= p."""
+    P = n_thresholds
+    h = np.bincount(groups.astype(np.int64) * (P + 1) + start_levels,
+                    minlength=n_groups * (P + 1)).reshape(n_groups, P + 1)
+    return np.ascontiguousarray(np.cumsum(h, axis=1)[:, :P].T)
+
+
+def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
+              entry_datum: np.ndarray, entry_value: np.ndarray, entry_score: np.ndarray,
+              n_values: int, config: ClassificationConfig) -> KeyState:
+    """Partial state of one label key over one shard (or one slice of a shard).
+
+    gt_value int32[n]: ground-truth value index of each datum, -1 when it has none for this key.
+    datum_hash uint64[n]; datum_uid (Arrow or numpy, length n), read only for chosen examples.
+    entry_datum int64[m], entry_value int32[m], entry_score float64[m]: the model's prediction
+    entries for this key (at most one per (datum, value)), in any order.
+    Work is O(n + m) per threshold-independent step and O(m log m) for the histogram.
+    """
+    n, V = gt_value.size, n_values
+    # Work in hash order: datums sorted by hash, entries by datum. "First in sequence" is then
+    # "smallest hash", the documented rule for examples, and no per-threshold sort is needed.
+    order = np.argsort(datum_hash, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    gt_value, datum_hash = gt_value[order], datum_hash[order]
+    entry_datum = rank[entry_datum]
+    e_order = np.argsort(entry_datum, kind="stable")
+    entry_datum, entry_value, entry_score = entry_datum[e_order], entry_value[e_order], entry_score[e_order]
+
+    def examples(group, position, score) -> ExampleSet:
+        return make_examples(group, order[position], score, datum_hash[position], datum_uid)
+
+    has_gt = gt_value >= 0
+    has_entry = np.zeros(n, dtype=bool)
+    has_entry[entry_datum] = True
+    n_pop = int(np.count_nonzero(has_gt | has_entry))
+    n_gt = np.bincount(gt_value[has_gt], minlength=V).astype(np.int64)
+    n_pred = np.bincount(entry_value, minlength=V).astype(np.int64)
+    entry_gt = gt_value[entry_datum]
+    is_match = entry_value == entry_gt
+    k = config.max_examples
+
+    thresholds = np.asarray(config.score_thresholds, dtype=np.float64)
+    T = thresholds.size
+    level = levels(entry_score, thresholds)
+    if config.hardmax:
+        level[~winners(entry_datum, entry_value, entry_score)] = 0
+    tp = counts_above(entry_value[is_match], level[is_match], V, T)
+    fp = counts_above(entry_value[~is_match], level[~is_match], V, T)
+    state = KeyState(V, n_pop, n_gt, n_pred, tp, fp)
+
+    if config.needs_confusion:
+        cells_n = (V + 1) ** 2
+        state.cm = np.zeros((T, V + 1, V + 1), dtype=np.int64)
+        parts = []
+        for t in range(T):
+            pos = np.flatnonzero(level > t)
+            cells = np.where(entry_gt[pos] >= 0, entry_gt[pos], V).astype(np.int64) * (V + 1) + entry_value[pos]
+            answered = np.zeros(n, dtype=bool)
+            answered[entry_datum[pos]] = True
+            missed = np.flatnonzero(has_gt & ~answered)
+            missed_cells = gt_value[missed].astype(np.int64) * (V + 1) + V
+            state.cm[t] = np.bincount(np.r_[cells, missed_cells], minlength=cells_n).reshape(V + 1, V + 1)
+            chosen = first_k(cells, k, cells_n)
+            parts.append(examples(t * cells_n + cells[chosen], entry_datum[pos[chosen]],
+                                  entry_score[pos[chosen]]))
+            chosen = first_k(missed_cells, k, cells_n)
+            parts.append(examples(t * cells_n + missed_cells[chosen], missed[chosen],
+                                  np.full(chosen.size, np.nan)))
+        state.cm_examples = ExampleSet.concat(parts).reduce(k)
+
+    if config.needs_histogram:
+        # Entries give (value, score) with their datum's label; every datum of the population
+        # without an entry for v scores 0 for v, added here as counts in the 0 bin.
+        pos_absent = n_gt - np.bincount(entry_value[is_match], minlength=V)
+        neg_absent = (n_pop - n_gt) - np.bincount(entry_value[~is_match], minlength=V)
+        values = np.arange(V, dtype=np.int32)
+        state.hist_parts = [ScoreHistogram.build(
+            np.r_[entry_value.astype(np.int32), values],
+            np.r_[entry_score, np.zeros(V)],
+            np.r_[is_match.astype(np.int64), pos_absent],
+            np.r_[(~is_match).astype(np.int64), neg_absent],
+        )]
+
+    if config.needs_detailed:
+        state.detailed, state.detailed_examples = _detailed(
+            gt_value, has_gt, entry_datum, entry_value, entry_score, entry_gt, is_match, V,
+            config, examples)
+    return state
+
+
+def _detailed(gt_value, has_gt, entry_datum, entry_value, entry_score, entry_gt, is_match, V,
+              config, examples):
+    """Counts int64[P, V, 5] (DETAILED order) and examples of DetailedPrecisionRecallCurve.
+
+    No hardmax: each value is its own binary problem, as in PrecisionRecallCurve. At threshold
+    index p, with a = level of the datum's ground-truth value and b = the highest level of its
+    other values: tp/fp entries have level > p; a ground truth is missed when a <= p, a
+    misclassification when also p < b, else no_prediction (p >= max(a, b))."""
+    n = gt_value.size
+    k = config.max_examples
+    thresholds = np.asarray(config.pr_curve_thresholds, dtype=np.float64)
+    P = thresholds.size
+    counts = np.zeros((P, V, len(DETAILED)), dtype=np.int64)
+    parts = []
+    stride = len(DETAILED) * V  # group = p * stride + category * V + value
+
+    # tp, fp misclassification, fp hallucination: entries, eligible while level > p
+    level = levels(entry_score, thresholds)
+    category = np.where(is_match, 0, np.where(entry_gt >= 0, 1, 2))
+    live = np.flatnonzero(level > 0)
+    groups = category[live].astype(np.int64) * V + entry_value[live]
+    counts[:, :, :3] = counts_above(groups, level[live], 3 * V, P).reshape(P, 3, V).transpose(0, 2, 1)
+    survivors = record_layers(groups, level[live], k)
+    for p in range(P):
+        eligible = survivors[level[live[survivors]] > p]
+        chosen = eligible[first_k(groups[eligible], k, 3 * V)]
+        parts.append(examples(p * stride + groups[chosen], entry_datum[live[chosen]],
+                              entry_score[live[chosen]]))
+
+    # fn misclassification and no_prediction: datums with a ground truth
+    a = np.zeros(n, dtype=np.int64)
+    a[entry_datum[is_match]] = level[is_match]
+    b = np.zeros(n, dtype=np.int64)
+    if entry_datum.size:
+        starts = np.flatnonzero(np.r_[True, entry_datum[1:] != entry_datum[:-1]])
+        b[entry_datum[starts]] = np.maximum.reduceat(np.where(is_match, 0, level), starts)
+    datums = np.flatnonzero(has_gt)
+    g, a, b = gt_value[datums].astype(np.int64), a[datums], b[datums]
+    mis = b > a
+    counts[:, :, 3] = counts_from(g[mis], a[mis], V, P) - counts_from(g[mis], b[mis], V, P)
+    counts[:, :, 4] = counts_from(g, np.maximum(a, b), V, P)
+    for p in range(P):
+        for category, eligible in ((3, np.flatnonzero((a <= p) & (p < b))),
+                                   (4, np.flatnonzero(np.maximum(a, b) <= p))):
+            chosen = eligible[first_k(g[eligible], k, V)]
+            parts.append(examples(p * stride + category * V + g[chosen], datums[chosen],
+                                  np.full(chosen.size, np.nan)))
+    return counts, ExampleSet.concat(parts).reduce(k)
+
+
+# ----------------------------------------------------------------------------- final metrics
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """numerator / denominator, 0 where the denominator is 0."""
+    numerator = np.asarray(numerator, dtype=np.float64)
+    denominator = np.asarray(denominator, dtype=np.float64)
+    out = np.zeros(np.broadcast(numerator, denominator).shape)
+    np.divide(numerator, denominator, out=out, where=denominator > 0)
+    return out
+
+
+def _threshold_key(t: float) -> str:
+    return repr(float(t))
+
+
+def _example(uid: str, score: float) -> dict:
+    return {"datum_uid": uid} if np.isnan(score) else {"datum_uid": uid, "score": score}
+
+
+def key_metrics(state: KeyState, key: str, vocabulary: list[str],
+                config: ClassificationConfig) -> list[dict]:
+    """Metric records ({"type", "value", "parameters"}) of one label key from its merged state.
+
+    Per-value records cover the values seen in this state (as ground truth or prediction)."""
+    wanted = config.metrics
+    V = state.n_values
+    present = np.flatnonzero((state.n_gt > 0) | (state.n_pred > 0))
+    records: list[dict] = []
+    tp, fp = state.tp, state.fp
+    fn = state.n_gt[None, :] - tp
+    tn = state.n_pop - state.n_gt[None, :] - fp
+    precision = _ratio(tp, tp + fp)
+    recall = _ratio(tp, state.n_gt[None, :])
+    f1 = _ratio(2 * tp, 2 * tp + fp + fn)
+    n_with_gt = int(state.n_gt.sum())
+    for t, threshold in enumerate(config.score_thresholds):
+        for v in present:
+            params = {"label": {"key": key, "value": vocabulary[v]},
+                      "score_threshold": threshold, "hardmax": config.hardmax}
+            if "Counts" in wanted:
+                records.append({"type": "Counts", "parameters": params, "value": {
+                    "tp": int(tp[t, v]), "fp": int(fp[t, v]),
+                    "fn": int(fn[t, v]), "tn": int(tn[t, v])}})
+            for name, values in (("Precision", precision), ("Recall", recall), ("F1", f1)):
+                if name in wanted:
+                    records.append({"type": name, "parameters": params, "value": float(values[t, v])})
+        if "Accuracy" in wanted:
+            records.append({"type": "Accuracy", "value": float(_ratio(tp[t].sum(), n_with_gt)),
+                            "parameters": {"label_key": key, "score_threshold": threshold,
+                                           "hardmax": config.hardmax}})
+
+    hist = state.compact() if config.needs_histogram else None
+    if hist is not None:
+        aucs = {}
+        curve = {}
+        thresholds = np.asarray(config.pr_curve_thresholds, dtype=np.float64)
+        for v in present:
+            scores, pos, neg = hist.segment(int(v))
+            aucs[v] = roc_auc(pos, neg)
+            c_tp, c_fp = counts_at_thresholds(scores, pos, neg, thresholds)
+            c_fn = state.n_gt[v] - c_tp
+            c_tn = state.n_pop - state.n_gt[v] - c_fp
+            c_precision = _ratio(c_tp, c_tp + c_fp)
+            c_recall = _ratio(c_tp, state.n_gt[v])
+            c_f1 = _ratio(2 * c_tp, 2 * c_tp + c_fp + c_fn)
+            curve[vocabulary[v]] = {
+                _threshold_key(th): {
+                    "tp": int(c_tp[i]), "fp": int(c_fp[i]), "fn": int(c_fn[i]), "tn": int(c_tn[i]),
+                    "precision": float(c_precision[i]), "recall": float(c_recall[i]),
+                    "f1_score": float(c_f1[i])}
+                for i, th in enumerate(config.pr_curve_thresholds)}
+        if "ROCAUC" in wanted:
+            for v in present:
+                records.append({"type": "ROCAUC", "value": aucs[v],
+                                "parameters": {"label": {"key": key, "value": vocabulary[v]}}})
+        if "mROCAUC" in wanted:
+            defined = [a for a in aucs.values() if a is not None]
+            records.append({"type": "mROCAUC", "value": float(np.mean(defined)) if defined else None,
+                            "parameters": {"label_key": key}})
+        if "PrecisionRecallCurve" in wanted:
+            records.append({"type": "PrecisionRecallCurve", "value": curve,
+                            "parameters": {"label_key": key}})
+
+    if state.cm is not None and "ConfusionMatrix" in wanted:
+        examples = state.cm_examples.by_group()
+        for t, threshold in enumerate(config.score_thresholds):
+            records.append({"type": "ConfusionMatrix",
+                            "value": _confusion_value(state.cm[t], examples, t, vocabulary),
+                            "parameters": {"label_key": key, "score_threshold": threshold,
+                                           "hardmax": config.hardmax,
+                                           "max_examples": config.max_examples}})
+
+    if state.detailed is not None and "DetailedPrecisionRecallCurve" in wanted:
+        records.append({"type": "DetailedPrecisionRecallCurve",
+                        "value": _detailed_value(state, present, vocabulary, config),
+                        "parameters": {"label_key": key, "max_examples": config.max_examples}})
+    return records
+
+
+def _confusion_value(cm: np.ndarray, examples: dict, t: int, vocabulary: list[str]) -> dict:
+    V = len(vocabulary)
+    base = t * (V + 1) ** 2
+
+    def cell(row: int, col: int) -> dict:
+        found = examples.get(base + row * (V + 1) + col, [])
+        return {"count": int(cm[row, col]), "examples": [_example(u, s) for u, s in found]}
+
+    matrix: dict = {}
+    unmatched_gt: dict = {}
+    unmatched_pd: dict = {}
+    for row, col in zip(*np.nonzero(cm)):
+        row, col = int(row), int(col)
+        if row < V and col < V:
+            matrix.setdefault(vocabulary[row], {})[vocabulary[col]] = cell(row, col)
+        elif row < V:
+            unmatched_gt[vocabulary[row]] = cell(row, col)
+        elif col < V:
+            unmatched_pd[vocabulary[col]] = cell(row, col)
+    return {"confusion_matrix": matrix, "unmatched_ground_truths": unmatched_gt,
+            "unmatched_predictions": unmatched_pd}
+
+
+def _detailed_value(state: KeyState, present: np.ndarray, vocabulary: list[str],
+                    config: ClassificationConfig) -> dict:
+    V = state.n_values
+    examples = state.detailed_examples.by_group()
+    value: dict = {}
+    for v in present:
+        per_threshold = {}
+        for p, threshold in enumerate(config.pr_curve_thresholds):
+            counts = state.detailed[p, v]
+
+            def observation(category: int) -> dict:
+                found = examples.get((p * len(DETAILED) + category) * V + int(v), [])
+                return {"count": int(counts[category]),
+                        "examples": [_example(u, s) for u, s in found]}
+
+            per_threshold[_threshold_key(threshold)] = {
+                "tp": {"total": int(counts[0]), "observations": {"all": observation(0)}},
+                "fp": {"total": int(counts[1] + counts[2]), "observations": {
+                    "misclassifications": observation(1), "hallucinations": observation(2)}},
+                "fn": {"total": int(counts[3] + counts[4]), "observations": {
+                    "misclassifications": observation(3), "no_predictions": observation(4)}},
+            }
+        value[vocabulary[v]] = per_threshold
+    return value

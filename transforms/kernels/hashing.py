@@ -1,0 +1,63 @@
+"""Stable 64-bit hashes of string arrays, vectorised over Arrow buffers.
+
+Python's built-in hash() of a str changes between processes (PYTHONHASHSEED), so it cannot decide
+shards or example choice on a cluster. This module computes FNV-1a (64-bit) over the UTF-8 bytes of
+every string of an Arrow string array at once: one numpy pass per byte position, never a Python loop
+per string. The result depends only on the bytes, so every worker of every runner agrees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def fnv1a_64(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """FNV-1a 64-bit hash of each string.
+
+    strings: Arrow string or large_string array of length n (nulls hash like "").
+    Returns uint64[n]. fnv1a_64(pa.array(["a"]))[0] == 0xAF63DC4C8601EC8C.
+    """
+    if isinstance(strings, pa.ChunkedArray):
+        strings = strings.combine_chunks() if strings.num_chunks else pa.array([], pa.string())
+    if pa.types.is_large_string(strings.type):
+        offset_type = np.int64
+    elif pa.types.is_string(strings.type):
+        offset_type = np.int32
+    else:
+        raise TypeError(f"expected a string array, got {strings.type}")
+    n = len(strings)
+    hashes = np.full(n, FNV_OFFSET, dtype=np.uint64)
+    if n == 0:
+        return hashes
+    _, offsets_buf, data_buf = strings.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[strings.offset: strings.offset + n + 1]
+    if data_buf is None:
+        return hashes
+    data = np.frombuffer(data_buf, dtype=np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    if strings.null_count:
+        lengths[~np.asarray(strings.is_valid())] = 0
+    # Visit byte position j of all strings at once; strings shorter than j drop out. Sorting by
+    # length lets each step work on a shrinking suffix instead of masking the whole array.
+    order = np.argsort(lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    sorted_starts = starts[order]
+    sorted_hashes = hashes[order]
+    max_len = int(sorted_lengths[-1])
+    with np.errstate(over="ignore"):
+        for j in range(max_len):
+            first = int(np.searchsorted(sorted_lengths, j, side="right"))
+            byte = data[sorted_starts[first:] + j].astype(np.uint64)
+            sorted_hashes[first:] = (sorted_hashes[first:] ^ byte) * FNV_PRIME
+    hashes[order] = sorted_hashes
+    return hashes
+
+
+def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    """Shard index in [0, num_shards) of each hash (int64[n])."""
+    return (hashes % np.uint64(num_shards)).astype(np.int64)
