@@ -8,15 +8,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
-from pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_REJECTED, EXIT_USAGE, OutputFolder,
+from pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_REJECTED, EXIT_USAGE,
                               UsageError, add_common_arguments, default_num_shards,
                               parse_float_list, parse_model_spec, rejection_message,
                               safe_beam_args, say_error, split_beam_args, versions)
-from transforms.io import InputError, expand_source, preflight
+from transforms.io import InputError, OutputFolder, expand_source, preflight, read_json
 from transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
                                                ClassificationConfig)
 
@@ -91,13 +90,15 @@ def parse_args(argv: list[str]):
     return args, config, models, slices, beam_args
 
 
-def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet, started):
-    """Add the classification job to `pipeline`; outputs go to folder's temporary files."""
+def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet,
+                   started, run_info, max_rejected_fraction):
+    """Add the classification job to `pipeline`: read, evaluate, write, publish (see
+    transforms.io.finalize_run)."""
     import apache_beam as beam
 
     from transforms.classification import (MatchAndCombine, ReadClassificationFiles,
                                            record_sort_key, reject_sort_key)
-    from transforms.io import WriteJsonl, write_json
+    from transforms.io import WriteJsonl, finalize_run
 
     slice_keys = sorted({key for spec in slices for key in spec})
     pieces, vocab, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
@@ -105,22 +106,15 @@ def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder
     records, match_rejects, match_stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
         config, sorted(models), slices, {n: s.files for n, s in sources.items()}, quiet, started,
         num_shards)
-    _ = records | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
-    _ = ((read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
-         | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key))
+    n_metrics = records | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
+    n_rejected = ((read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
+                  | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key))
     _ = ((read_stats, match_stats) | "Stats" >> beam.Flatten()
          | "SumStats" >> beam.CombinePerKey(sum)
          | "GatherStats" >> beam.combiners.ToList()
-         | "WriteStats" >> beam.Map(
-             lambda pairs, path: write_json(sorted([list(k) + [v] for k, v in pairs]), path),
-             folder.temp("stats.json")))
-
-
-def source_counts(stats_rows: list, names: list[str]) -> dict:
-    counts = {name: {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0} for name in names}
-    for counter, source, value in stats_rows:
-        counts[source][counter] += value
-    return counts
+         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
+                                 max_rejected_fraction))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -133,6 +127,7 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from transforms.classification import GROUNDTRUTHS, schema_of
@@ -147,16 +142,21 @@ def run(argv: list[str] | None = None) -> int:
         folder.prepare()
     except InputError as error:
         say_error(str(error))
+        _record_input_failure(args.output, str(error), started)
         return EXIT_USAGE
 
     total_bytes = sum(_size(path) for s in sources.values() for path in s.files)
     num_shards = args.num_shards or default_num_shards(total_bytes)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # multi-process and remote workers log at INFO by default; keep stderr for progress
+        beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
     options = PipelineOptions(beam_args)
     run_info = {
         "task": TASK,
         "status": "running",
         "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
         "models": sorted(models),
+        "sources": list(sources),
         "slices": [list(s) for s in slices],
         "options": {
             "score_thresholds": list(config.score_thresholds), "hardmax": config.hardmax,
@@ -175,62 +175,56 @@ def run(argv: list[str] | None = None) -> int:
         print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
               f"on {run_info['runner']}", file=sys.stderr)
     try:
-        with beam.Pipeline(options=options) as pipeline:
-            build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet,
-                           started)
-        counts = source_counts(folder.read_temp_json("stats.json"), list(sources))
-        for name, c in counts.items():
-            if c["rows_read"] != c["rows_evaluated"] + c["rows_rejected"]:
-                raise RuntimeError(f"row counts of {name} do not add up: {c}")
+        pipeline = beam.Pipeline(options=options)
+        build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet,
+                       started, run_info, args.max_rejected_fraction)
+        pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
-        run_info.update(status="failed", error=f"{type(error).__name__}: {error}",
+        first_line = (str(error).strip().splitlines() or [""])[-1]
+        run_info.update(status="failed", error=f"{type(error).__name__}: {first_line}",
                         wall_time_seconds=round(time.time() - started, 3))
         folder.fail(run_info)
-        say_error(f"the pipeline failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}. "
-                  f"No metrics were written; details are in {folder.final('run.json')}.")
+        say_error(f"the pipeline failed ({type(error).__name__}: {first_line}). No metrics were "
+                  f"written; {folder.final('run.json')} records the failure.")
         return EXIT_FAILED
-
-    from transforms.io import count_lines
-
-    first_rejects = _first_lines(folder.temp("rejected.jsonl"), 3)
-    n_metrics = count_lines(folder.temp("metrics.jsonl"))
-    run_info.update(status="complete", counts=counts, metrics_written=n_metrics,
-                    outputs={name: folder.final(name) for name in OutputFolder.FINAL},
-                    wall_time_seconds=round(time.time() - started, 3))
-    message = rejection_message(counts, first_rejects, folder.final("rejected.jsonl"),
-                                args.max_rejected_fraction)
-    if message:
-        run_info["status"] = "complete_with_rejections"
-    folder.finish(run_info)
+    if not FileSystems.exists(folder.final("run.json")):
+        # A runner that returns before the job ends (e.g. a Dataflow flex template launch).
+        print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
+              "finishes (run.json last but one, metrics.jsonl last).", file=sys.stderr)
+        return EXIT_OK
+    info = read_json(folder.final("run.json"))
     if not quiet:
         from pipelines.summary import classification_summary
 
-        print(classification_summary(folder.final("metrics.jsonl"), counts, config))
-        print(f"\nOutputs in {args.output}: metrics.jsonl ({n_metrics:,} records), run.json, "
-              f"rejected.jsonl ({sum(c['rows_rejected'] for c in counts.values()):,} rows). "
-              f"Wall time {run_info['wall_time_seconds']:.1f} s.")
-    if message:
-        print(message, file=sys.stderr)
+        print(classification_summary(folder.final("metrics.jsonl"), info["counts"], config))
+        print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
+              f"run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
+              f"Wall time {info['wall_time_seconds']:.1f} s.")
+    if info["status"] != "complete":
+        print(rejection_message(info["counts"], info["first_rejections"],
+                                folder.final("rejected.jsonl"), args.max_rejected_fraction),
+              file=sys.stderr)
         return EXIT_REJECTED
     return EXIT_OK
+
+
+def _record_input_failure(output: str, error: str, started: float) -> None:
+    """Clear an earlier run's outputs and leave a run.json that says why this run stopped, so a
+    scheduled job never shows yesterday's metrics as today's. Best effort: the output folder may
+    be the problem."""
+    try:
+        folder = OutputFolder(output)
+        folder.prepare()
+        folder.fail({"task": TASK, "status": "failed", "error": error, "versions": versions(),
+                     "wall_time_seconds": round(time.time() - started, 3)})
+    except Exception:
+        pass
 
 
 def _size(path: str) -> int:
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-
-
-def _first_lines(path: str, n: int) -> list[dict]:
-    from apache_beam.io.filesystems import FileSystems
-
-    out = []
-    with FileSystems.open(path) as stream:
-        for line in stream:
-            out.append(json.loads(line))
-            if len(out) >= n:
-                break
-    return out
 
 
 def main() -> None:

@@ -13,10 +13,8 @@ import platform
 import re
 import sys
 import time
-import uuid
 from importlib import metadata
 
-from transforms.io import InputError, delete_if_exists, join, move, read_json, write_json
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -106,70 +104,6 @@ def safe_beam_args(args: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
-
-
-class OutputFolder:
-    """The output folder of one run: final names, a private temporary folder, finalisation.
-
-    At the start the final files of an earlier run are removed, so a failed run never leaves a
-    metrics.jsonl behind that could be taken for its result."""
-
-    FINAL = ("metrics.jsonl", "run.json", "rejected.jsonl")
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.tmp = join(folder, f".evalbeam-tmp-{uuid.uuid4().hex[:12]}")
-
-    def final(self, name: str) -> str:
-        return join(self.folder, name)
-
-    def temp(self, name: str) -> str:
-        return join(self.tmp, name)
-
-    def prepare(self) -> None:
-        from apache_beam.io.filesystems import FileSystems
-
-        try:
-            if not FileSystems.exists(self.folder):
-                FileSystems.mkdirs(self.folder)
-            delete_if_exists([self.final(n) for n in self.FINAL])
-            FileSystems.mkdirs(self.tmp)
-        except Exception as error:
-            raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
-
-    def finish(self, run_info: dict) -> None:
-        """Move rejected.jsonl into place, write run.json, then metrics.jsonl last."""
-        move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
-        write_json(run_info, self.final("run.json"))
-        move(self.temp("metrics.jsonl"), self.final("metrics.jsonl"))
-        self.cleanup()
-
-    def fail(self, run_info: dict) -> None:
-        """Leave only run.json (status failed) and rejected.jsonl if it was written."""
-        try:
-            if self._exists(self.temp("rejected.jsonl")):
-                move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
-            write_json(run_info, self.final("run.json"))
-        finally:
-            self.cleanup()
-
-    def read_temp_json(self, name: str):
-        return read_json(self.temp(name))
-
-    def cleanup(self) -> None:
-        from apache_beam.io.filesystems import FileSystems
-
-        try:
-            if FileSystems.exists(self.tmp):
-                FileSystems.delete([self.tmp])
-        except Exception:  # leftovers are hidden, and a later run ignores them
-            pass
-
-    @staticmethod
-    def _exists(path: str) -> bool:
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.exists(path)
 
 
 def rejection_message(counts: dict, first_reasons: list[dict], rejected_path: str,

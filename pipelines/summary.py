@@ -7,7 +7,15 @@ import json
 from apache_beam.io.filesystems import FileSystems
 
 
+def printable(text) -> str:
+    """Text safe for a terminal: control characters (from untrusted metadata, label keys or
+    model names) are shown escaped, never interpreted."""
+    text = str(text)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])

@@ -9,6 +9,7 @@ adds the partial states -> records.
 from __future__ import annotations
 
 import json
+import typing
 
 import apache_beam as beam
 import numpy as np
@@ -24,6 +25,9 @@ from transforms.kernels.classification import (METRIC_TYPES, ClassificationConfi
                                                key_metrics, match_key)
 
 GROUNDTRUTHS = "groundtruths"
+# Output types of the DoFns that also emit tagged outputs (Beam cannot infer them).
+SHARD_PIECE = typing.Tuple[int, typing.Any]
+PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
 def schema_of(source: str) -> pa.Schema:
@@ -297,7 +301,8 @@ class MatchAndCombine(beam.PTransform):
         vocab_view = beam.pvalue.AsSingleton(vocab)
         matched = (pieces
                    | "GroupByShard" >> beam.GroupByKey()
-                   | "MatchShard" >> beam.ParDo(self.match, vocab_view).with_outputs(
+                   | "MatchShard" >> beam.ParDo(self.match, vocab_view)
+                   .with_output_types(PARTIAL).with_outputs(
                        TAG_REJECTED, TAG_STATS, main="partials"))
         records = (matched.partials
                    | "Combine" >> beam.CombinePerKey(ClassificationCombineFn(self.config))
@@ -357,7 +362,8 @@ class EvaluateClassification(beam.PTransform):
                 pcolls[name]
                 | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
                 | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(slice_keys, self.num_shards)).with_outputs(
+                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(slice_keys, self.num_shards))
+                .with_output_types(SHARD_PIECE).with_outputs(
                     TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
         pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
         vocab = ([o[TAG_VOCAB] for o in outputs] | "VocabParts" >> beam.Flatten()
@@ -391,7 +397,8 @@ class ReadClassificationFiles(beam.PTransform):
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(ReadRows(
                     self.sources, schemas, _SourceValidate(), vocabulary, self.slice_keys,
-                    self.num_shards, self.quiet, self.started)).with_outputs(
+                    self.num_shards, self.quiet, self.started))
+                .with_output_types(SHARD_PIECE).with_outputs(
                         TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
         vocab = read[TAG_VOCAB] | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn())
         return read.pieces, vocab, read[TAG_REJECTED], read[TAG_STATS]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -222,3 +223,109 @@ def delete_if_exists(paths: list[str]) -> None:
 def move(source: str, destination: str) -> None:
     delete_if_exists([destination])
     FileSystems.rename([source], [destination])
+
+
+class OutputFolder:
+    """The output folder of one run: final names, a private temporary folder, finalisation.
+
+    At the start the final files of an earlier run are removed, so a failed run never leaves a
+    metrics.jsonl behind that could be taken for its result."""
+
+    FINAL = ("metrics.jsonl", "run.json", "rejected.jsonl")
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.tmp = join(folder, f".evalbeam-tmp-{uuid.uuid4().hex[:12]}")
+
+    def final(self, name: str) -> str:
+        return join(self.folder, name)
+
+    def temp(self, name: str) -> str:
+        return join(self.tmp, name)
+
+    def prepare(self) -> None:
+        try:
+            if not FileSystems.exists(self.folder):
+                FileSystems.mkdirs(self.folder)
+            delete_if_exists([self.final(n) for n in self.FINAL])
+            FileSystems.mkdirs(self.tmp)
+        except Exception as error:
+            raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
+
+    def finish(self, run_info: dict) -> None:
+        """Move rejected.jsonl into place, write run.json, then metrics.jsonl last, so that a
+        metrics.jsonl never exists without the run.json that describes it."""
+        move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
+        write_json(run_info, self.final("run.json"))
+        move(self.temp("metrics.jsonl"), self.final("metrics.jsonl"))
+        self.cleanup()
+
+    def fail(self, run_info: dict) -> None:
+        """Leave only run.json (status failed) and rejected.jsonl if it was written."""
+        try:
+            if self._exists(self.temp("rejected.jsonl")):
+                move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
+            write_json(run_info, self.final("run.json"))
+        finally:
+            self.cleanup()
+
+    def read_temp_json(self, name: str):
+        return read_json(self.temp(name))
+
+    def cleanup(self) -> None:
+        try:
+            if FileSystems.exists(self.tmp):
+                FileSystems.delete([self.tmp])
+        except Exception:  # leftovers are hidden, and a later run ignores them
+            pass
+
+    @staticmethod
+    def _exists(path: str) -> bool:
+        return FileSystems.exists(path)
+
+
+def first_records(path: str, n: int) -> list[dict]:
+    """The first n JSON lines of a file."""
+    out = []
+    with FileSystems.open(path) as stream:
+        for line in stream:
+            if len(out) >= n:
+                break
+            out.append(json.loads(line))
+    return out
+
+
+def source_counts(stats: list, names: list[str]) -> dict:
+    """{source: {rows_read, rows_evaluated, rows_rejected}} from ((counter, source), n) pairs."""
+    counts = {name: {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0} for name in names}
+    for (counter, source), value in stats:
+        counts.setdefault(source, {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0})
+        counts[source][counter] += value
+    return counts
+
+
+def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,
+                 run_info: dict, started: float, allowed_rejected_fraction: float) -> dict:
+    """The last step of a pipeline: check the counts, publish the outputs, return run.json.
+
+    Runs inside the pipeline (after both outputs are written), so a job launched without a
+    waiting client (a Dataflow flex template) still publishes complete outputs."""
+    counts = source_counts(stats, run_info["sources"])
+    for name, c in counts.items():
+        if c["rows_read"] != c["rows_evaluated"] + c["rows_rejected"]:
+            raise RuntimeError(f"the row counts of {name} do not add up: {c}")
+    read = sum(c["rows_read"] for c in counts.values())
+    rejected = sum(c["rows_rejected"] for c in counts.values())
+    if rejected != n_rejected:
+        raise RuntimeError(f"{n_rejected} rejected rows were written but {rejected} were counted")
+    within = rejected == 0 or (read > 0 and rejected / read <= allowed_rejected_fraction)
+    info = dict(run_info)
+    info.update(
+        status="complete" if within else "complete_with_rejections",
+        counts=counts, rows_read=read, rows_rejected=rejected, metrics_written=n_metrics,
+        first_rejections=first_records(folder.temp("rejected.jsonl"), 3),
+        outputs={name: folder.final(name) for name in OutputFolder.FINAL},
+        wall_time_seconds=round(time.time() - started, 3),
+    )
+    folder.finish(info)
+    return info

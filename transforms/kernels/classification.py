@@ -337,7 +337,6 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
 
     Per-value records cover the values seen in this state (as ground truth or prediction)."""
     wanted = config.metrics
-    V = state.n_values
     present = np.flatnonzero((state.n_gt > 0) | (state.n_pred > 0))
     records: list[dict] = []
     tp, fp = state.tp, state.fp
