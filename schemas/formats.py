@@ -35,6 +35,12 @@ def format_of(path: str) -> str | None:
     return None
 
 
+def position_name(path: str) -> str:
+    """How rows of this file are located in rejected.jsonl: "row" (0-based) for Parquet, else
+    "line" (1-based)."""
+    return "row" if format_of(path) == "parquet" else "line"
+
+
 def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20) -> Iterator[tuple[bytes, int]]:
     """Split a stream into blocks of whole lines: yields (bytes, number of the block's first line)."""
     line = 1
@@ -57,13 +63,14 @@ def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20) -> Iterator[tuple
 
 def _nonblank_line_numbers(block: bytes, first_line: int) -> np.ndarray:
     """Line numbers of the lines of `block` (ending in newline) that hold a non-space byte."""
-    n_lines = block.count(b"\n")
-    starts_blank = block[:1] in (b"\n", b" ", b"\t", b"\r")
-    if not starts_blank and not any(p in block for p in (b"\n\n", b"\n ", b"\n\t", b"\n\r")):
-        # every line starts with a non-space byte: the usual case, found without a byte scan
-        return first_line + np.arange(n_lines)
     buf = np.frombuffer(block, dtype=np.uint8)
     ends = np.flatnonzero(buf == ord("\n"))
+    starts = np.r_[0, ends[:-1] + 1]
+    # A line that starts with a non-space byte is not blank: the usual case, decided by one
+    # look at each line's first byte instead of a scan of every byte.
+    maybe_blank = np.flatnonzero(np.isin(buf[starts], WHITESPACE))
+    if not maybe_blank.size:
+        return first_line + np.arange(ends.size)
     solid = np.cumsum(~np.isin(buf, WHITESPACE))
     per_line = np.diff(np.r_[0, solid[ends]])
     return first_line + np.flatnonzero(per_line > 0)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.classification import LabelRows, validate, vocabulary
-from schemas.formats import dict_rows_table
+from schemas.formats import dict_rows_table, position_name
 from schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
                           reject)
 from transforms.io import TAG_REJECTED, TAG_STATS, TAG_VOCAB, Progress, ReadRows
@@ -38,12 +38,10 @@ def validate_source(table: pa.Table, file_id: int, source: str):
     return validate(table, scored=source != GROUNDTRUTHS, file_id=file_id)
 
 
-class _SourceValidate:
-    """validate(table, file_id) that looks the source up from the table's own schema."""
-
-    def __call__(self, table, file_id):
-        scored = "score" in [f.name for f in table.schema.field("labels").type.value_type]
-        return validate(table, scored=scored, file_id=file_id)
+def validate_table(table: pa.Table, file_id: int):
+    """validate() with `scored` read from the normalised table's schema (predictions score)."""
+    scored = "score" in [f.name for f in table.schema.field("labels").type.value_type]
+    return validate(table, scored=scored, file_id=file_id)
 
 
 class VocabularyCombineFn(beam.CombineFn):
@@ -130,10 +128,9 @@ class MatchShard(beam.DoFn):
             files = self.files.get(source, ())
             file_id = int(rows.file_id[i])
             path = files[file_id] if file_id < len(files) else source
-            position_name = "row" if path.endswith((".parquet", ".pq")) else "line"
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
                 source, path, int(rows.position[i]), reason_of(i), rows.uid[int(i)].as_py(),
-                position_name))
+                position_name(path)))
 
     def process(self, element, vocab):
         shard, pieces = element
@@ -396,7 +393,7 @@ class ReadClassificationFiles(beam.PTransform):
                 | "Files" >> beam.Create(files)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(ReadRows(
-                    self.sources, schemas, _SourceValidate(), vocabulary, self.slice_keys,
+                    self.sources, schemas, validate_table, vocabulary, self.slice_keys,
                     self.num_shards, self.quiet, self.started))
                 .with_output_types(SHARD_PIECE).with_outputs(
                         TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.formats import format_of, jsonl_blocks, parquet_tables, parse_jsonl_block
+from schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
+                             position_name)
 from schemas.rows import reject
 
 TAG_REJECTED = "rejected"
@@ -37,8 +38,6 @@ class Source:
     pattern: str
     files: tuple[str, ...]
 
-    def position_name(self, file_id: int) -> str:
-        return "row" if format_of(self.files[file_id]) == "parquet" else "line"
 
 
 def expand_source(name: str, pattern: str) -> Source:
@@ -143,7 +142,7 @@ class ReadRows(beam.DoFn):
         source = self.sources[name]
         path = source.files[file_id]
         schema = self.schemas[name]
-        position_name = source.position_name(file_id)
+        position = position_name(path)
         slice_keys = self.slice_keys if name == "groundtruths" else []
         read = 0
         with FileSystems.open(path) as stream:
@@ -154,12 +153,12 @@ class ReadRows(beam.DoFn):
                           for block, first in jsonl_blocks(stream))
             for table, unparsed in tables:
                 rows, rejects = self.validate(table, file_id)
-                for position, reason in unparsed:
+                for line, reason in unparsed:
                     yield beam.pvalue.TaggedOutput(
-                        TAG_REJECTED, reject(name, path, position, reason, None, position_name))
-                for position, uid, reason in rejects:
+                        TAG_REJECTED, reject(name, path, line, reason, None, position))
+                for line, uid, reason in rejects:
                     yield beam.pvalue.TaggedOutput(
-                        TAG_REJECTED, reject(name, path, position, reason, uid, position_name))
+                        TAG_REJECTED, reject(name, path, line, reason, uid, position))
                 n = table.num_rows + len(unparsed)
                 read += n
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n))

@@ -193,6 +193,10 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     # Work in hash order: datums sorted by hash, entries by datum. "First in sequence" is then
     # "smallest hash", the documented rule for examples, and no per-threshold sort is needed.
     order = np.argsort(datum_hash, kind="stable")
+    if n > 1 and (datum_hash[order][1:] == datum_hash[order][:-1]).any():
+        # Two uids share a 64-bit hash (rare): the uid breaks the tie, never the input order.
+        uids = datum_uid.to_pylist() if hasattr(datum_uid, "to_pylist") else list(datum_uid)
+        order = np.array(sorted(range(n), key=lambda i: (int(datum_hash[i]), uids[i])), dtype=np.int64)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     gt_value, datum_hash = gt_value[order], datum_hash[order]
