@@ -132,68 +132,80 @@ class MatchShard(beam.DoFn):
                 source, path, int(rows.position[i]), reason_of(i), rows.uid[int(i)].as_py(),
                 position_name(path)))
 
+    def _deduplicated(self, source: str, parts: list[LabelRows], where: str):
+        """A source's rows in this shard without repeated uids: (rows, rejected count,
+        outputs to yield)."""
+        rows = LabelRows.concat(parts)
+        kept, dropped, counts = _dedupe(rows)
+        times = dict(zip(dropped.tolist(), counts.tolist()))
+        outputs = list(self._reject(source, rows, dropped,
+                                    lambda i: f"datum_uid appears {times[int(i)]} times in {where}"))
+        return kept, len(dropped), outputs
+
+    @staticmethod
+    def _gt_values(gt: LabelRows, keys, vocab) -> dict[str, np.ndarray]:
+        """{key: int32[n] vocabulary index of each datum's ground-truth value, -1 if none}."""
+        out = {}
+        for key in keys:
+            column = np.full(len(gt), -1, dtype=np.int32)
+            mask = gt.key_code == _code(gt.key_names, key)
+            column[gt.label_row[mask]] = gt.codes_in(gt.value_names, gt.value_code[mask], vocab[key])
+            out[key] = column
+        return out
+
+    @staticmethod
+    def _entries(predictions: LabelRows, datum: np.ndarray, keys, vocab) -> dict:
+        """{key: (datum index, value index, score) of the prediction labels of matched rows}."""
+        entries = {}
+        if not len(predictions.label_row):
+            return entries
+        label_datum = datum[predictions.label_row]
+        matched = label_datum >= 0
+        for key in keys:
+            mask = matched & (predictions.key_code == _code(predictions.key_names, key))
+            if mask.any():
+                entries[key] = (label_datum[mask],
+                                predictions.codes_in(predictions.value_names,
+                                                     predictions.value_code[mask], vocab[key]),
+                                predictions.label_score[mask])
+        return entries
+
     def process(self, element, vocab):
         shard, pieces = element
         by_source: dict[str, list[LabelRows]] = {}
         for source, rows in pieces:
             by_source.setdefault(source, []).append(rows)
-        gt_parts = by_source.get(GROUNDTRUTHS, [])
-        gt_all = LabelRows.concat(gt_parts) if gt_parts else None
-        if gt_all is None:
-            gt = None
-        else:
-            gt, dropped, counts = _dedupe(gt_all)
-            times = dict(zip(dropped.tolist(), counts.tolist()))
-            yield from self._reject(GROUNDTRUTHS, gt_all, dropped, lambda i: (
-                f"datum_uid appears {times[int(i)]} times in {GROUNDTRUTHS}"))
-            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), len(dropped)))
-            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
-
         keys = sorted(vocab)
-        if gt is not None:
-            gt_values = {}
-            for key in keys:
-                column = np.full(len(gt), -1, dtype=np.int32)
-                mask = gt.key_code == _code(gt.key_names, key)
-                column[gt.label_row[mask]] = gt.codes_in(gt.value_names, gt.value_code[mask], vocab[key])
-                gt_values[key] = column
+        gt = None
+        if GROUNDTRUTHS in by_source:
+            gt, n_dropped, outputs = self._deduplicated(
+                GROUNDTRUTHS, by_source[GROUNDTRUTHS], GROUNDTRUTHS)
+            yield from outputs
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
+            gt_values = self._gt_values(gt, keys, vocab)
             groups = slice_groups(gt, self.slice_specs)
 
         for model in self.models:
-            parts = by_source.get(model, [])
-            if not parts:
-                predictions = None
-            else:
-                all_rows = LabelRows.concat(parts)
-                predictions, dropped, counts = _dedupe(all_rows)
-                times = dict(zip(dropped.tolist(), counts.tolist()))
-                yield from self._reject(model, all_rows, dropped, lambda i: (
-                    f"datum_uid appears {times[int(i)]} times in the predictions of {model}"))
+            entries = {}
+            if model in by_source:
+                predictions, n_dropped, outputs = self._deduplicated(
+                    model, by_source[model], f"the predictions of {model}")
+                yield from outputs
+                datum = np.full(len(predictions), -1, dtype=np.int64)
                 if gt is not None and len(predictions):
                     datum = np.asarray(pc.index_in(predictions.uid, value_set=gt.uid).fill_null(-1),
                                        dtype=np.int64)
-                else:
-                    datum = np.full(len(predictions), -1, dtype=np.int64)
                 orphans = np.flatnonzero(datum < 0)
                 yield from self._reject(model, predictions, orphans,
                                         lambda i: "no valid ground truth for this datum_uid")
                 yield beam.pvalue.TaggedOutput(
-                    TAG_STATS, (("rows_rejected", model), len(dropped) + len(orphans)))
+                    TAG_STATS, (("rows_rejected", model), n_dropped + len(orphans)))
                 yield beam.pvalue.TaggedOutput(
                     TAG_STATS, (("rows_evaluated", model), len(predictions) - len(orphans)))
+                entries = self._entries(predictions, datum, keys, vocab)
             if gt is None:
                 continue
-            entries = {}
-            if predictions is not None and len(predictions.label_row):
-                label_datum = datum[predictions.label_row]
-                matched = label_datum >= 0
-                for key in keys:
-                    mask = matched & (predictions.key_code == _code(predictions.key_names, key))
-                    if mask.any():
-                        entries[key] = (label_datum[mask],
-                                        predictions.codes_in(predictions.value_names,
-                                                             predictions.value_code[mask], vocab[key]),
-                                        predictions.label_score[mask])
             for slice_json, rows in groups:
                 yield (model, slice_json), self._slice_state(gt, gt_values, entries, rows, vocab)
         self.matched += 1
