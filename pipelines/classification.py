@@ -15,7 +15,6 @@ from pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_REJECTED, EXIT_USAGE,
                               UsageError, add_common_arguments, default_num_shards,
                               parse_float_list, parse_model_spec, rejection_message,
                               safe_beam_args, say_error, split_beam_args, versions)
-from transforms.io import InputError, OutputFolder, expand_source, preflight, read_json
 from transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
                                                ClassificationConfig)
 
@@ -131,6 +130,7 @@ def run(argv: list[str] | None = None) -> int:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from transforms.classification import GROUNDTRUTHS, schema_of
+    from transforms.io import InputError, OutputFolder, expand_source, preflight, read_json
 
     try:
         sources = {GROUNDTRUTHS: expand_source(GROUNDTRUTHS, args.groundtruths)}
@@ -212,6 +212,8 @@ def _record_input_failure(output: str, error: str, started: float) -> None:
     """Clear an earlier run's outputs and leave a run.json that says why this run stopped, so a
     scheduled job never shows yesterday's metrics as today's. Best effort: the output folder may
     be the problem."""
+    from transforms.io import OutputFolder
+
     try:
         folder = OutputFolder(output)
         folder.prepare()

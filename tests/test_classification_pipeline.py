@@ -144,7 +144,7 @@ def test_max_rejected_fraction_tolerates_bad_rows(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "blank_lines", "unusable", "extension",
-                                  "parquet_schema", "glob_nothing"])
+                                  "parquet_schema", "glob_nothing", "folder"])
 def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case):
     good = write_jsonl(tmp_path / "good.jsonl", [gt_row("a", "cat")])
     bad = {
@@ -155,7 +155,10 @@ def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case):
         "extension": tmp_path / "data.csv",
         "parquet_schema": tmp_path / "wrong.parquet",
         "glob_nothing": tmp_path / "nothing-*.jsonl",
+        "folder": tmp_path / "a_folder",
     }[case]
+    if case == "folder":
+        bad.mkdir()
     if case == "empty":
         bad.write_text("")
     if case == "blank_lines":

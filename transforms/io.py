@@ -9,6 +9,7 @@ the launcher only when the run has finished (finalize_outputs).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -51,6 +52,9 @@ def expand_source(name: str, pattern: str) -> Source:
                          "globs such as 'preds/*.jsonl' are expanded by evalbeam, so quote them.")
     files = sorted(m.path for m in results)
     for meta in sorted(results, key=lambda m: m.path):
+        if os.path.isdir(meta.path):
+            raise InputError(f"{meta.path} (given for {name}) is a folder: give its files as a "
+                             f"quoted glob, e.g. '{meta.path.rstrip('/')}/*.jsonl'.")
         if format_of(meta.path) is None:
             raise InputError(f"{meta.path} (given for {name}) has an unknown format: use .jsonl "
                              "(or .ndjson, .json, optionally .gz) or .parquet file names.")
