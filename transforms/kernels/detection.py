@@ -1,0 +1,328 @@
+"""Object detection, COCO protocol: IoU, greedy matching, mergeable state, accumulate, summary.
+
+Pure numpy; the semantics are pycocotools' COCOeval, reproduced exactly:
+- per (image, category), detections sorted by score, descending, ties in input order (a stable
+  sort), and only the first max(max_dets) = 100 kept;
+- a ground truth is ignored in area range a when it is a crowd region or its "area" lies outside
+  [lo, hi] (both ends inclusive, so an area of exactly 32**2 is small and medium);
+- greedy matching in score order, per IoU threshold t (compared as min(t, 1 - 1e-10)): a detection
+  takes the not-yet-matched, non-ignored ground truth with the highest IoU >= t (ties: the later
+  ground truth); only if there is none, the best ignored one (crowd regions can absorb any number
+  of detections). A detection matched to an ignored ground truth is ignored, and so is an
+  unmatched detection whose area lies outside the range;
+- crowd IoU is intersection / area(detection);
+- accumulate: per category, area range and max_dets, all images' detections ordered by score,
+  ties by image id then rank in the image; precision made monotone, read at 101 recall
+  thresholds; -1 where a category has no non-ignored ground truth.
+Matching is vectorised over detection rank: step j handles the j-th detection of every group
+(image, category, area range) at once, for all IoU thresholds together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
+RECALL_THRESHOLDS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
+MAX_DETS = (1, 10, 100)
+AREA_RANGES = ((0 ** 2, 1e5 ** 2), (0 ** 2, 32 ** 2), (32 ** 2, 96 ** 2), (96 ** 2, 1e5 ** 2))
+AREA_NAMES = ("all", "small", "medium", "large")
+SUMMARY_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
+                 "AR1", "AR10", "AR100", "ARsmall", "ARmedium", "ARlarge")
+
+
+def box_iou(dt: np.ndarray, gt: np.ndarray, crowd: np.ndarray) -> np.ndarray:
+    """IoU of boxes [x, y, w, h]: dt float64[D, 4], gt float64[G, 4], crowd bool[G] -> [D, G].
+
+    Same arithmetic as pycocotools' bbIou: overlap widths from min(x + w) - max(x), zero when
+    not positive; union = area(dt) + area(gt) - intersection, or area(dt) for a crowd region."""
+    dx, dy, dw, dh = (dt[:, i][:, None] for i in range(4))
+    gx, gy, gw, gh = (gt[:, i][None, :] for i in range(4))
+    w = np.minimum(dw + dx, gw + gx) - np.maximum(dx, gx)
+    h = np.minimum(dh + dy, gh + gy) - np.maximum(dy, gy)
+    inter = w * h
+    union = np.where(crowd[None, :], dw * dh, (dw * dh + gw * gh) - inter)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = inter / union
+    return np.where((w > 0) & (h > 0), out, 0.0)
+
+
+def _last_argmax(values: np.ndarray) -> np.ndarray:
+    """Index of the maximum along the last axis, ties to the last occurrence."""
+    return values.shape[-1] - 1 - np.argmax(values[..., ::-1], axis=-1)
+
+
+def greedy_match(iou: np.ndarray, n_dt: np.ndarray, gt_ignore: np.ndarray, gt_crowd: np.ndarray,
+                 gt_valid: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pycocotools' greedy matching for B groups at once.
+
+    iou float64[B, D, W]: IoU of the j-th detection (score order) with each ground truth (in the
+    file's order); n_dt int[B] detections per group; gt_ignore, gt_crowd, gt_valid bool[B, W]
+    (valid marks real columns of the padding); thresholds float64[T].
+    Returns matched bool[B, T, D] and matched_ignored bool[B, T, D] (matched to an ignored gt).
+    """
+    B, D, W = iou.shape
+    T = thresholds.size
+    limit = np.minimum(thresholds, 1 - 1e-10)[None, :, None]
+    taken = np.zeros((B, T, W), dtype=bool)
+    matched = np.zeros((B, T, D), dtype=bool)
+    matched_ignored = np.zeros((B, T, D), dtype=bool)
+    for j in range(D):
+        act = np.flatnonzero(n_dt > j)
+        if not act.size:
+            break
+        row = iou[act, j, :][:, None, :]                                   # [A, 1, W]
+        crowd = gt_crowd[act][:, None, :]
+        ignore = gt_ignore[act][:, None, :]
+        ok = gt_valid[act][:, None, :] & (~taken[act] | crowd) & (row >= limit)  # [A, T, W]
+        regular = ok & ~ignore
+        ignored = ok & ignore
+        has_regular = regular.any(axis=-1)
+        has_ignored = ignored.any(axis=-1)
+        pick = np.where(has_regular, _last_argmax(np.where(regular, row, -1.0)),
+                        _last_argmax(np.where(ignored, row, -1.0)))
+        hit = has_regular | has_ignored
+        matched[act, :, j] = hit
+        matched_ignored[act, :, j] = hit & ~has_regular
+        a, t = np.nonzero(hit)
+        taken[act[a], t, pick[a, t]] = True
+    return matched, matched_ignored
+
+
+@dataclass
+class CocoState:
+    """Mergeable partial state of the COCO protocol for K categories and A = 4 area ranges.
+
+    One row per kept detection (the first 100 per image and category in score order): category
+    int32, score float64, image_key int64 (pycocotools' image order: the image id), rank int16
+    (position in its image and category), tp and fp uint16[n, A] (bit t set: true / false
+    positive at IoU threshold t in that area range; neither bit: ignored). n_gt int64[K, A]:
+    non-ignored ground truths. Merging concatenates rows and adds counts; the order of rows is
+    irrelevant because accumulate() sorts them by a total key."""
+
+    n_categories: int
+    n_gt: np.ndarray
+    category: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    image_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    tp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
+    fp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
+
+    def merge(self, other: "CocoState") -> "CocoState":
+        if other.n_categories != self.n_categories:
+            raise ValueError("cannot merge states built on different category lists")
+        self.n_gt = self.n_gt + other.n_gt
+        for name in ("category", "score", "image_key", "rank", "tp", "fp"):
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+        return self
+
+    def copy(self) -> "CocoState":
+        return CocoState(self.n_categories, self.n_gt.copy(), self.category, self.score,
+                         self.image_key, self.rank, self.tp, self.fp)
+
+
+def _bits(flags: np.ndarray) -> np.ndarray:
+    """bool[..., T] -> uint16[...] with bit t set where flags[..., t]."""
+    weights = (1 << np.arange(flags.shape[-1], dtype=np.uint16)).astype(np.uint16)
+    return (flags.astype(np.uint16) * weights).sum(axis=-1).astype(np.uint16)
+
+
+def _unbits(bits: np.ndarray, T: int) -> np.ndarray:
+    """uint16[n] -> bool[T, n]."""
+    return ((bits[None, :] >> np.arange(T, dtype=np.uint16)[:, None]) & 1).astype(bool)
+
+
+def _pow2(x: np.ndarray) -> np.ndarray:
+    """Smallest power of two >= x (x >= 1)."""
+    return (1 << np.ceil(np.log2(np.maximum(x, 1))).astype(np.int64)).astype(np.int64)
+
+
+def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
+               dt_group: np.ndarray, dt_score: np.ndarray, dt_area: np.ndarray,
+               gt_group: np.ndarray, gt_area: np.ndarray, gt_crowd: np.ndarray,
+               pair_iou, n_categories: int, thresholds: np.ndarray = IOU_THRESHOLDS,
+               max_det: int = MAX_DETS[-1]) -> CocoState:
+    """Partial COCO state of a set of groups (one per image and category), columnar.
+
+    group_category int[n_groups], group_image_key int64[n_groups]; detections dt_* [N] and
+    ground truths gt_* [M] in input order, each with its group index; pair_iou(dt_index,
+    gt_index) -> float64[P] gives the IoU of pairs (indices into the dt and gt arrays).
+    """
+    T, A = thresholds.size, len(AREA_RANGES)
+    lo = np.array([r[0] for r in AREA_RANGES])
+    hi = np.array([r[1] for r in AREA_RANGES])
+    n_groups = group_category.size
+    N, M = dt_score.size, gt_area.size
+
+    gt_ignore = gt_crowd[:, None] | (gt_area[:, None] < lo) | (gt_area[:, None] > hi)   # [M, A]
+    n_gt = np.zeros((n_categories, A), dtype=np.int64)
+    for a in range(A):
+        n_gt[:, a] = np.bincount(group_category[gt_group[~gt_ignore[:, a]]], minlength=n_categories)
+
+    # detections: score order within each group, ties in input order, the first max_det kept
+    order = np.lexsort((np.arange(N), -dt_score, dt_group))
+    grp = dt_group[order]
+    first = np.searchsorted(grp, np.arange(n_groups))
+    rank = np.arange(N) - first[grp]
+    keep = rank < max_det
+    kept, grp, rank = order[keep], grp[keep], rank[keep]
+    n_kept = np.bincount(grp, minlength=n_groups)
+    dt_out = (dt_area[kept][:, None] < lo) | (dt_area[kept][:, None] > hi)          # [n, A]
+
+    # ground truths: columns in input order within each group
+    gt_order = np.argsort(gt_group, kind="stable")
+    n_gts = np.bincount(gt_group, minlength=n_groups)
+    gt_first = np.r_[0, np.cumsum(n_gts)[:-1]]
+    column = np.empty(M, dtype=np.int64)
+    column[gt_order] = np.arange(M) - gt_first[gt_group[gt_order]]
+
+    tp = np.zeros((kept.size, A), dtype=np.uint16)
+    fp = _bits(np.repeat(~dt_out[:, :, None], T, axis=2))   # unmatched: fp unless out of range
+    with_gt = n_gts[grp] > 0
+    if with_gt.any():
+        # every (kept detection, ground truth of its group) pair
+        rows = np.flatnonzero(with_gt)
+        counts = n_gts[grp[rows]]
+        pair_row = np.repeat(rows, counts)
+        offset = np.arange(pair_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        pair_gt = gt_order[np.repeat(gt_first[grp[rows]], counts) + offset]
+        iou = pair_iou(kept[pair_row], pair_gt)
+        # buckets of groups with similar (detections, ground truths) counts, padded to powers of 2
+        groups = np.flatnonzero((n_kept > 0) & (n_gts > 0))
+        depth, width = _pow2(n_kept[groups]), _pow2(n_gts[groups])
+        bucket_of = np.full(n_groups, -1, dtype=np.int64)
+        for d_w in np.unique(np.stack([depth, width], axis=1), axis=0):
+            members = groups[(depth == d_w[0]) & (width == d_w[1])]
+            bucket_of[members] = np.arange(members.size)
+            in_bucket = np.zeros(n_groups, dtype=bool)
+            in_bucket[members] = True
+            sel_pairs = np.flatnonzero(in_bucket[grp[pair_row]])
+            sel_rows = np.flatnonzero(in_bucket[grp])
+            B, D, W = members.size, int(d_w[0]), int(d_w[1])
+            padded = np.full((B, D, W), -1.0)
+            padded[bucket_of[grp[pair_row[sel_pairs]]], rank[pair_row[sel_pairs]],
+                   column[pair_gt[sel_pairs]]] = iou[sel_pairs]
+            ignore = np.zeros((B, W, A), dtype=bool)
+            crowd = np.zeros((B, W), dtype=bool)
+            valid = np.zeros((B, W), dtype=bool)
+            g_sel = np.flatnonzero(in_bucket[gt_group])
+            gb, gc = bucket_of[gt_group[g_sel]], column[g_sel]
+            ignore[gb, gc] = gt_ignore[g_sel]
+            crowd[gb, gc] = gt_crowd[g_sel]
+            valid[gb, gc] = True
+            # the four area ranges are four copies of each group: [B, A, ...] -> [B * A, ...]
+            matched, matched_ignored = greedy_match(
+                np.repeat(padded, A, axis=0), np.repeat(n_kept[members], A),
+                ignore.transpose(0, 2, 1).reshape(B * A, W), np.repeat(crowd, A, axis=0),
+                np.repeat(valid, A, axis=0), thresholds)
+            rb, rr = bucket_of[grp[sel_rows]], rank[sel_rows]
+            m = matched.reshape(B, A, T, D)[rb, :, :, rr]                  # [n, A, T]
+            mi = matched_ignored.reshape(B, A, T, D)[rb, :, :, rr]
+            tp[sel_rows] = _bits(m & ~mi)
+            fp[sel_rows] = _bits(~m & ~dt_out[sel_rows][:, :, None])
+    return CocoState(n_categories, n_gt, group_category[grp].astype(np.int32),
+                     dt_score[kept].astype(np.float64), group_image_key[grp].astype(np.int64),
+                     rank.astype(np.int16), tp, fp)
+
+
+def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarray):
+    """pair_iou for boxes [x, y, w, h] (pycocotools' bbIou arithmetic, elementwise)."""
+    def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        d, g = dt_boxes[dt_index], gt_boxes[gt_index]
+        w = np.minimum(d[:, 2] + d[:, 0], g[:, 2] + g[:, 0]) - np.maximum(d[:, 0], g[:, 0])
+        h = np.minimum(d[:, 3] + d[:, 1], g[:, 3] + g[:, 1]) - np.maximum(d[:, 1], g[:, 1])
+        inter = w * h
+        da = d[:, 2] * d[:, 3]
+        union = np.where(gt_crowd[gt_index], da, (da + g[:, 2] * g[:, 3]) - inter)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = inter / union
+        return np.where((w > 0) & (h > 0), out, 0.0)
+    return iou
+
+
+def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
+               recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
+               max_dets: tuple[int, ...] = MAX_DETS) -> tuple[np.ndarray, np.ndarray]:
+    """precision float64[T, R, K, A, M] and recall float64[T, K, A, M], -1 where undefined,
+    with pycocotools' accumulate() arithmetic."""
+    T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, len(AREA_RANGES), len(max_dets)
+    precision = -np.ones((T, R, K, A, M))
+    recall = -np.ones((T, K, A, M))
+    order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
+    category = state.category[order]
+    bounds = np.searchsorted(category, np.arange(K + 1))
+    for k in range(K):
+        rows = order[bounds[k]:bounds[k + 1]]
+        for m, max_det in enumerate(max_dets):
+            kept = rows[state.rank[rows] < max_det]
+            for a in range(A):
+                npig = state.n_gt[k, a]
+                if npig == 0:
+                    continue
+                tps = _unbits(state.tp[kept, a], T)
+                fps = _unbits(state.fp[kept, a], T)
+                tp_sum = np.cumsum(tps, axis=1).astype(dtype=float)
+                fp_sum = np.cumsum(fps, axis=1).astype(dtype=float)
+                nd = kept.size
+                rc = tp_sum / npig
+                pr = tp_sum / (fp_sum + tp_sum + np.spacing(1))
+                recall[:, k, a, m] = rc[:, -1] if nd else 0
+                # the precision envelope: running maximum from the right
+                pr = np.maximum.accumulate(pr[:, ::-1], axis=1)[:, ::-1] if nd else pr
+                q = np.zeros((T, R))
+                for t in range(T):
+                    inds = np.searchsorted(rc[t], recall_thresholds, side="left")
+                    valid = inds < nd
+                    q[t, valid] = pr[t, inds[valid]]
+                precision[:, :, k, a, m] = q
+    return precision, recall
+
+
+def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray = IOU_THRESHOLDS,
+              max_dets: tuple[int, ...] = MAX_DETS, category: int | None = None) -> dict:
+    """The 12 COCO statistics (pycocotools' summarize()), over all categories or one."""
+    if category is not None:
+        precision = precision[:, :, category:category + 1]
+        recall = recall[:, category:category + 1]
+
+    def one(ap: bool, iou=None, area="all", max_det=100):
+        a = AREA_NAMES.index(area)
+        m = max_dets.index(max_det)
+        s = precision if ap else recall
+        if iou is not None:
+            s = s[np.where(iou == thresholds)[0]]
+        s = s[:, :, :, a, m] if ap else s[:, :, a, m]
+        return -1.0 if len(s[s > -1]) == 0 else float(np.mean(s[s > -1]))
+
+    values = [one(True), one(True, .5, max_det=max_dets[2]), one(True, .75, max_det=max_dets[2]),
+              one(True, area="small", max_det=max_dets[2]),
+              one(True, area="medium", max_det=max_dets[2]),
+              one(True, area="large", max_det=max_dets[2]),
+              one(False, max_det=max_dets[0]), one(False, max_det=max_dets[1]),
+              one(False, max_det=max_dets[2]),
+              one(False, area="small", max_det=max_dets[2]),
+              one(False, area="medium", max_det=max_dets[2]),
+              one(False, area="large", max_det=max_dets[2])]
+    return dict(zip(SUMMARY_NAMES, values))
+
+
+def coco_state(image_key: np.ndarray, n_categories: int,
+               gt_image: np.ndarray, gt_category: np.ndarray, gt_area: np.ndarray,
+               gt_crowd: np.ndarray, dt_image: np.ndarray, dt_category: np.ndarray,
+               dt_score: np.ndarray, dt_area: np.ndarray, pair_iou) -> CocoState:
+    """CocoState of a set of images: groups are the (image, category) pairs that occur.
+
+    image_key int64[I] (the image id, pycocotools' order); gt_* [M] and dt_* [N] in input order
+    with image and category indices; pair_iou(dt_index, gt_index) as in coco_match."""
+    key = np.r_[gt_image * n_categories + gt_category, dt_image * n_categories + dt_category]
+    unique, inverse = np.unique(key, return_inverse=True)
+    M = gt_image.size
+    return coco_match(
+        group_category=(unique % n_categories).astype(np.int64),
+        group_image_key=image_key[unique // n_categories],
+        dt_group=inverse[M:], dt_score=dt_score, dt_area=dt_area,
+        gt_group=inverse[:M], gt_area=gt_area, gt_crowd=gt_crowd,
+        pair_iou=pair_iou, n_categories=n_categories)
