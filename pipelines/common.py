@@ -148,3 +148,130 @@ def default_num_shards(total_bytes: int) -> int:
 
 def now() -> float:
     return time.time()
+
+
+def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
+            task_options: dict, check_source, build, summarize, started: float) -> int:
+    """Everything a task's launcher does around its pipeline.
+
+    Expands and checks the inputs (check_source(name, source) raises InputError), prepares the
+    output folder, runs build(pipeline, sources, num_shards, folder, run_info) on Beam, and
+    reports: one paragraph on failure, else summarize(metrics_path, counts) and the rejection
+    message. Returns the exit code."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from transforms.io import InputError, OutputFolder, expand_source, read_json
+
+    try:
+        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths)}
+        for name, pattern in models.items():
+            sources[name] = expand_source(name, pattern)
+        for name, source in sources.items():
+            check_source(name, source)
+        folder = OutputFolder(args.output)
+        folder.prepare()
+    except InputError as error:
+        say_error(str(error))
+        _record_input_failure(task, args.output, str(error), started)
+        return EXIT_USAGE
+
+    total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+                      for s in sources.values() for path in s.files)
+    num_shards = args.num_shards or default_num_shards(total_bytes)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # multi-process and remote workers log at INFO by default; keep stderr for progress
+        beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
+    options = PipelineOptions(beam_args)
+    run_info = {
+        "task": task,
+        "status": "running",
+        "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
+        "models": sorted(models),
+        "sources": list(sources),
+        "slices": [list(s) for s in slices],
+        "options": dict(task_options, num_shards=num_shards,
+                        max_rejected_fraction=args.max_rejected_fraction),
+        "runner": options.get_all_options().get("runner") or "DirectRunner",
+        "beam_args": safe_beam_args(beam_args),
+        "versions": versions(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
+    if not args.quiet:
+        print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
+              f"on {run_info['runner']}", file=sys.stderr)
+    try:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline, sources, num_shards, folder, run_info)
+        pipeline.run().wait_until_finish()
+    except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
+        first_line = (str(error).strip().splitlines() or [""])[-1]
+        run_info.update(status="failed", error=f"{type(error).__name__}: {first_line}",
+                        wall_time_seconds=round(time.time() - started, 3))
+        folder.fail(run_info)
+        say_error(f"the pipeline failed ({type(error).__name__}: {first_line}). No metrics were "
+                  f"written; {folder.final('run.json')} records the failure.")
+        return EXIT_FAILED
+    if not FileSystems.exists(folder.final("run.json")):
+        # A runner that returns before the job ends (e.g. a Dataflow flex template launch).
+        print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
+              "finishes (run.json last but one, metrics.jsonl last).", file=sys.stderr)
+        return EXIT_OK
+    info = read_json(folder.final("run.json"))
+    if not args.quiet:
+        print(summarize(folder.final("metrics.jsonl"), info["counts"]))
+        print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
+              f"run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
+              f"Wall time {info['wall_time_seconds']:.1f} s.")
+    if info["status"] != "complete":
+        print(rejection_message(info["counts"], info["first_rejections"],
+                                folder.final("rejected.jsonl"), args.max_rejected_fraction),
+              file=sys.stderr)
+        return EXIT_REJECTED
+    return EXIT_OK
+
+
+def _record_input_failure(task: str, output: str, error: str, started: float) -> None:
+    """Clear an earlier run's outputs and leave a run.json that says why this run stopped, so a
+    scheduled job never shows yesterday's metrics as today's. Best effort: the output folder may
+    be the problem."""
+    from transforms.io import OutputFolder
+
+    try:
+        folder = OutputFolder(output)
+        folder.prepare()
+        folder.fail({"task": task, "status": "failed", "error": error, "versions": versions(),
+                     "wall_time_seconds": round(time.time() - started, 3)})
+    except Exception:
+        pass
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--groundtruths", required=True, metavar="PATH",
+                        help=f"ground truth: a path or glob ({what})")
+    parser.add_argument("--predictions", required=True, action="append", metavar="[NAME=]PATH",
+                        help="predictions of one model (repeatable); without NAME the model "
+                             "is named after the file's stem")
+
+
+def parse_models(specs: list[str]) -> dict[str, str]:
+    models: dict[str, str] = {}
+    for spec in specs:
+        name, pattern = parse_model_spec(spec)
+        if name == "groundtruths":
+            raise UsageError("'groundtruths' cannot be a model name")
+        if name in models:
+            raise UsageError(f"two --predictions are named {name!r}; name them NAME=PATH")
+        models[name] = pattern
+    return models
+
+
+def parse_slices(specs: list[str]) -> list[tuple[str, ...]]:
+    slices = []
+    for spec in specs:
+        keys = tuple(k.strip() for k in spec.split(",") if k.strip())
+        if not keys:
+            raise UsageError("--slice needs at least one metadata key")
+        slices.append(keys)
+    return slices
