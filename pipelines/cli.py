@@ -8,6 +8,7 @@ USAGE = """usage: evalbeam COMMAND [options]
 
 commands:
   classification   evaluate classification predictions (evalbeam classification --help)
+  detection        evaluate object detections, COCO protocol (evalbeam detection --help)
   demo             make a small synthetic dataset, evaluate it and show the results
 
 See the README for input formats, options and outputs."""
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     quiet_logs()
     if command == "classification":
         from pipelines.classification import run
+    elif command == "detection":
+        from pipelines.detection import run
     elif command == "demo":
         from pipelines.demo import run
     else:

@@ -58,3 +58,21 @@ def classification_summary(metrics_path: str, counts: dict, config) -> str:
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
     return f"{title}\n{_table(header, rows)}\n\n{inputs}"
+
+
+def detection_summary(metrics_path: str, counts: dict) -> str:
+    """One row per (model, slice): the 12 COCO statistics (-1: undefined)."""
+    names = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge", "AR1", "AR10", "AR100")
+    rows = []
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            if record["type"] != "COCOSummary":
+                continue
+            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+            rows.append([record["model"], where] + [f"{record['value'][n]:.4f}" for n in names])
+    inputs = _table(["source", "rows read", "evaluated", "rejected"],
+                    [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
+                     for name, c in counts.items()])
+    title = "\nDetection summary (COCO protocol; AP/AR at IoU .50:.95 unless named; maxDets 100)"
+    return f"{title}\n{_table(['model', 'slice', *names], rows)}\n\n{inputs}"

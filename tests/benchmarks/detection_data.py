@@ -191,7 +191,7 @@ def _groundtruths(rng, width, height, cat_p):
     crowd = rng.random(n) < 0.01
     cat = np.where(crowd & (rng.random(n) < 0.6), 0, cat)  # crowd regions: mostly people
     side = np.where(crowd, np.exp(rng.normal(np.log(150), 0.45, n)),
-                    np.exp(rng.normal(np.log(36), 1.05, n)))
+                    np.exp(rng.normal(np.log(44), 1.1, n)))
     aspect = np.exp(rng.normal(0.0, 0.45, n))
     box = _boxes(rng, side, aspect, 0.72, width[img], height[img])
     theta, radius, n_points = _unit_polygons(rng, n)
@@ -281,7 +281,7 @@ def _detections(rng, gt, width, height, cat_p):
         np.zeros(owner.size), _scores(rng, 0.0, owner.size), 2)
 
     # random false positives, half of them in the image's own categories
-    n_fp = rng.poisson(rng.gamma(2.5, 43.0 / 2.5, n_images))
+    n_fp = rng.poisson(rng.gamma(2.5, 46.0 / 2.5, n_images))
     img = np.repeat(np.arange(n_images), n_fp)
     own = gt["img_cats"][img, (rng.random(img.size) * gt["n_img_cats"][img]).astype(np.int64)]
     cat = np.where(rng.random(img.size) < 0.5, own, rng.choice(N_CATS, img.size, p=cat_p))
@@ -333,8 +333,19 @@ def _segm_results(rng, gt, dt, width, height) -> list[dict]:
 # -------------------------------------------------------------------------------------- write
 
 def _dump(obj, path: str) -> None:
+    # json.dumps runs the C encoder; json.dump(obj, file) would run the pure-Python one
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"))
+        f.write(json.dumps(obj, separators=(",", ":")))
+
+
+def _dump_rows(path: str, n: int, make_rows, chunk: int = 200_000) -> None:
+    """Write a JSON list of n rows, built and encoded chunk by chunk (bounded memory)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[")
+        for start in range(0, n, chunk):
+            rows = make_rows(start, min(start + chunk, n))
+            f.write(("," if start else "") + json.dumps(rows, separators=(",", ":"))[1:-1])
+        f.write("]")
 
 
 def write_coco_dataset(folder: str, n_images: int, seed: int = 0,
@@ -380,17 +391,23 @@ def write_coco_dataset(folder: str, n_images: int, seed: int = 0,
                           for c, name, sup in COCO_CATEGORIES]}, paths["groundtruths"])
     del annotations, images, polygons
 
-    dt_image = image_ids[dt["img"]].tolist()
-    dt_cat = CAT_IDS[dt["cat"]].tolist()
-    dt_score = dt["score"].tolist()
-    _dump([{"image_id": i, "category_id": c, "bbox": b, "score": s}
-           for i, c, b, s in zip(dt_image, dt_cat, dt["box"].tolist(), dt_score)],
-          paths["predictions"])
+    n_dt = dt["img"].size
+    dt_image = image_ids[dt["img"]]
+    dt_cat = CAT_IDS[dt["cat"]]
+
+    def bbox_rows(lo, hi):
+        return [{"image_id": i, "category_id": c, "bbox": b, "score": s}
+                for i, c, b, s in zip(dt_image[lo:hi].tolist(), dt_cat[lo:hi].tolist(),
+                                      dt["box"][lo:hi].tolist(), dt["score"][lo:hi].tolist())]
+    _dump_rows(paths["predictions"], n_dt, bbox_rows)
     if with_segm:
         segmentations = _segm_results(segm_rng, gt, dt, width, height)
-        _dump([{"image_id": i, "category_id": c, "segmentation": m, "score": s}
-               for i, c, m, s in zip(dt_image, dt_cat, segmentations, dt_score)],
-              paths["predictions_segm"])
+
+        def segm_rows(lo, hi):
+            return [{"image_id": i, "category_id": c, "segmentation": m, "score": s}
+                    for i, c, m, s in zip(dt_image[lo:hi].tolist(), dt_cat[lo:hi].tolist(),
+                                          segmentations[lo:hi], dt["score"][lo:hi].tolist())]
+        _dump_rows(paths["predictions_segm"], n_dt, segm_rows)
 
     stats = describe(gt, dt, area, n_images)
     stats.update(n_images=n_images, seed=seed, with_segm=bool(with_segm),

@@ -1,0 +1,130 @@
+"""`evalbeam detection`: object detection metrics on Apache Beam (COCO protocol, COCO files).
+
+    evalbeam detection --groundtruths instances.json --predictions [NAME=]results.json ...
+        --output DIR [--iou_type bbox|segm] [options] [Beam pipeline options]
+    python -m pipelines.detection ...   (same flags)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
+                              parse_models, parse_slices, run_job, say_error, split_beam_args)
+
+TASK = "detection"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"evalbeam {TASK}", allow_abbrev=False,
+        description="Evaluate object detections of one or more models against ground truth with "
+                    "the COCO protocol (pycocotools' numbers). Options not listed here are "
+                    "passed to Beam.")
+    add_input_arguments(parser, "a COCO instances JSON; predictions are COCO results JSON")
+    add_common_arguments(parser)
+    parser.add_argument("--iou_type", choices=("bbox", "segm"), default="bbox",
+                        help="geometry compared: boxes or segmentation masks (default bbox)")
+    parser.add_argument("--protocol", choices=("coco",), default="coco",
+                        help="matching and averaging rules; only 'coco' (pycocotools) so far")
+    return parser
+
+
+def parse_args(argv: list[str]):
+    args, rest = build_parser().parse_known_args(argv)
+    beam_args = split_beam_args(rest)
+    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args
+
+
+def check_coco_source(name: str, source) -> None:
+    """A COCO file is one JSON document: an object with images and annotations (ground truth)
+    or an array of detections (results)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.io import InputError
+
+    if name == "groundtruths" and len(source.files) != 1:
+        raise InputError(f"{source.pattern!r} matches {len(source.files)} files; the ground truth "
+                         "must be one COCO instances JSON file.")
+    for path in source.files:
+        if not path.lower().endswith(".json"):
+            raise InputError(f"{path} (given for {name}) is not a COCO JSON file; evalbeam "
+                             "detection reads COCO instances (ground truth) and results (predictions) "
+                             "JSON files so far.")
+        try:
+            with FileSystems.open(path) as stream:
+                head = stream.read(1 << 16).lstrip()
+        except Exception as error:
+            raise InputError(f"cannot read {path} (given for {name}): {error}") from None
+        expected = b"{" if name == "groundtruths" else b"["
+        if head[:1] != expected:
+            kind = "an instances file (a JSON object)" if name == "groundtruths" else \
+                "a results file (a JSON array of detections)"
+            raise InputError(f"{path} (given for {name}) is not {kind}; see the README for the "
+                             "COCO formats evalbeam reads.")
+        if name == "groundtruths" and b'"images"' not in head and b'"annotations"' not in head \
+                and len(head) < (1 << 16):
+            raise InputError(f"{path} (given for {name}) has no \"images\" or \"annotations\": it "
+                             "is not a COCO instances file.")
+
+
+def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, folder, quiet,
+                   started, run_info, max_rejected_fraction):
+    import apache_beam as beam
+
+    from transforms.classification import reject_sort_key
+    from transforms.detection import EvaluateCocoFiles
+    from transforms.io import WriteJsonl, finalize_run
+
+    metrics, rejected, stats = pipeline | "Detection" >> EvaluateCocoFiles(
+        sources, sorted(models), slices, iou_type, num_shards, quiet, started)
+    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
+    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
+    _ = (stats
+         | "SumStats" >> beam.CombinePerKey(sum)
+         | "GatherStats" >> beam.combiners.ToList()
+         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
+                                 max_rejected_fraction))
+
+
+def record_sort_key(record: dict):
+    """model, slice, summary before per-class records, then category id."""
+    return (record["model"], len(record["slice"]), str(sorted(record["slice"].items())),
+            record["type"] != "COCOSummary", record["parameters"].get("category_id", -1))
+
+
+def run(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    try:
+        args, models, slices, beam_args = parse_args(argv)
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+
+    def build(pipeline, sources, num_shards, folder, run_info):
+        build_pipeline(pipeline, sources, models, slices, args.iou_type, num_shards, folder,
+                       args.quiet, started, run_info, args.max_rejected_fraction)
+
+    def summarize(metrics_path, counts):
+        from pipelines.summary import detection_summary
+
+        return detection_summary(metrics_path, counts)
+
+    return run_job(TASK, args, models, slices, beam_args,
+                   {"iou_type": args.iou_type, "protocol": args.protocol},
+                   check_coco_source, build, summarize, started)
+
+
+def main() -> None:
+    from pipelines.cli import quiet_logs
+
+    quiet_logs()
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""Beam building blocks of object detection (COCO protocol, COCO files).
+
+ReadCocoFiles loads each COCO file in a worker, validates it into columns and splits images,
+annotations and detections by shard (FNV-1a of the image id); MatchDetections computes each
+model's CocoState per shard and slice; CocoCombineFn concatenates states; records() runs
+pycocotools' accumulate and summarize on the merged state.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.coco import to_rle
+from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
+from schemas.rows import canonical_json, reject
+from transforms.io import TAG_REJECTED, TAG_STATS, Progress
+from transforms.kernels.detection import (MAX_DETS, CocoState, accumulate, coco_state,
+                                          pair_box_iou, summarize)
+from transforms.kernels.hashing import fnv1a_64
+from transforms.kernels.masks import pair_mask_iou
+
+GROUNDTRUTHS = "groundtruths"
+TAG_CATEGORIES = "categories"
+SHARD_PIECE = typing.Tuple[int, typing.Any]
+PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
+
+
+def image_shards(image_id: np.ndarray, num_shards: int) -> np.ndarray:
+    """Shard of each image: FNV-1a of the decimal image id, mod num_shards."""
+    hashes = fnv1a_64(pa.array([str(i) for i in image_id.tolist()], pa.string()))
+    return (hashes % np.uint64(num_shards)).astype(np.int64)
+
+
+def _split(shards: np.ndarray, num_shards: int):
+    """{shard: indices} of the rows of each shard present."""
+    order = np.argsort(shards, kind="stable")
+    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
+    return {s: order[bounds[s]:bounds[s + 1]] for s in range(num_shards) if bounds[s + 1] > bounds[s]}
+
+
+def _concat_images(parts: list[ImageRows]) -> ImageRows:
+    return ImageRows(
+        np.concatenate([p.image_id for p in parts]), np.concatenate([p.height for p in parts]),
+        np.concatenate([p.width for p in parts]),
+        {k: sum((p.slices[k] for p in parts), []) for k in parts[0].slices},
+        np.concatenate([p.position for p in parts]))
+
+
+def _take_images(images: ImageRows, index: np.ndarray) -> ImageRows:
+    return ImageRows(images.image_id[index], images.height[index], images.width[index],
+                     {k: [v[i] for i in index] for k, v in images.slices.items()},
+                     images.position[index])
+
+
+def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
+    return BoxRows(
+        np.concatenate([p.image_id for p in parts]), np.concatenate([p.category_id for p in parts]),
+        np.concatenate([p.bbox for p in parts]), np.concatenate([p.value for p in parts]),
+        np.concatenate([p.crowd for p in parts]),
+        None if parts[0].segmentation is None else sum((p.segmentation for p in parts), []),
+        np.concatenate([p.position for p in parts]))
+
+
+class ReadCocoFile(beam.DoFn):
+    """(source name, file id) -> shard pieces of one COCO file.
+
+    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))) and the categories as
+    TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model, (area_from_bbox,
+    BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS."""
+
+    def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
+                 quiet: bool, started: float):
+        self.sources = sources
+        self.iou_type = iou_type
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+
+    def _rejects(self, name, path, bad, what=""):
+        for position, reason in bad:
+            yield beam.pvalue.TaggedOutput(
+                TAG_REJECTED, reject(name, path, int(position), what + reason, None, "row"))
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        with FileSystems.open(path) as stream:
+            obj = json.loads(stream.read())
+        segm = self.iou_type == "segm"
+        if name == GROUNDTRUTHS:
+            yield from self._groundtruth(name, path, obj, segm)
+        else:
+            yield from self._results(name, path, obj, segm)
+        self.progress.say(path, f"read {path}", force=True)
+
+    def _groundtruth(self, name, path, obj, segm):
+        images, bad_images = image_rows(obj.get("images", []), self.slice_keys)
+        anns, bad = box_rows(obj.get("annotations", []), detections=False, need_segmentation=segm)
+        categories = sorted((c for c in obj.get("categories", [])
+                             if isinstance(c, dict) and isinstance(c.get("id"), int)),
+                            key=lambda c: c["id"])
+        category_id = np.array([c["id"] for c in categories], dtype=np.int64)
+        if category_id.size != np.unique(category_id).size:
+            raise ValueError(f"{path}: category ids are not unique")
+        known_image = np.isin(anns.image_id, images.image_id)
+        known_category = np.isin(anns.category_id, category_id)
+        extra = [(int(p), "image_id has no entry in \"images\"") for p in anns.position[~known_image]]
+        extra += [(int(p), "category_id has no entry in \"categories\"")
+                  for p in anns.position[known_image & ~known_category]]
+        anns = anns.take(np.flatnonzero(known_image & known_category))
+        yield from self._rejects(name, path, bad_images, "image: ")
+        yield from self._rejects(name, path, sorted(bad + extra))
+        n_read = len(obj.get("annotations", [])) + len(obj.get("images", []))
+        n_bad = len(bad_images) + len(bad) + len(extra)
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_read))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), n_bad))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), n_read - n_bad))
+        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, {
+            "id": category_id.tolist(),
+            "name": [str(c.get("name", c["id"])) for c in categories]})
+        image_parts = _split(image_shards(images.image_id, self.num_shards), self.num_shards)
+        ann_parts = _split(image_shards(anns.image_id, self.num_shards), self.num_shards)
+        for shard in sorted(set(image_parts) | set(ann_parts)):
+            index = image_parts.get(shard, np.zeros(0, np.int64))
+            yield shard, (name, (_take_images(images, index),
+                                 anns.take(ann_parts.get(shard, np.zeros(0, np.int64)))))
+
+    def _results(self, name, path, obj, segm):
+        if not isinstance(obj, list):
+            raise ValueError(f"{path}: a COCO results file is a JSON array of detections")
+        # pycocotools' loadRes: when the first result has a bbox, areas are box areas
+        area_from_bbox = bool(obj) and isinstance(obj[0], dict) and bool(obj[0].get("bbox"))
+        dts, bad = box_rows(obj, detections=True, need_segmentation=segm)
+        yield from self._rejects(name, path, bad)
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(obj)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
+        for shard, index in _split(image_shards(dts.image_id, self.num_shards), self.num_shards).items():
+            yield shard, (name, (area_from_bbox, dts.take(index)))
+
+
+def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.ndarray,
+                iou_type: str, area_from_bbox: bool) -> CocoState:
+    """CocoState of the given images (gts and dts must belong to them)."""
+    order = np.argsort(images.image_id)
+    image_id = images.image_id[order]
+    gt_image = np.searchsorted(image_id, gts.image_id)
+    dt_image = np.searchsorted(image_id, dts.image_id)
+    if iou_type == "segm":
+        height, width = images.height[order], images.width[order]
+        gt_rles = [to_rle(s, int(height[i]), int(width[i])) for s, i in zip(gts.segmentation, gt_image)]
+        dt_rles = [to_rle(s, int(height[i]), int(width[i])) for s, i in zip(dts.segmentation, dt_image)]
+        from pycocotools import mask as mask_utils
+
+        mask_area = np.array([mask_utils.area(r) for r in dt_rles], dtype=np.float64)
+        box_area = dts.bbox[:, 2] * dts.bbox[:, 3]
+        dt_area = np.where(np.isnan(box_area) | (not area_from_bbox), mask_area, box_area)
+        pair_iou = pair_mask_iou(dt_rles, gt_rles, gts.crowd)
+    else:
+        dt_area = dts.bbox[:, 2] * dts.bbox[:, 3]
+        pair_iou = pair_box_iou(dts.bbox, gts.bbox, gts.crowd)
+    return coco_state(image_id, category_id.size, gt_image,
+                      np.searchsorted(category_id, gts.category_id), gts.value, gts.crowd,
+                      dt_image, np.searchsorted(category_id, dts.category_id), dts.value, dt_area,
+                      pair_iou)
+
+
+class MatchDetections(beam.DoFn):
+    """(shard, pieces) -> ((model, slice JSON), CocoState) per model and slice; rejects
+    detections whose image or category the ground truth does not have."""
+
+    def __init__(self, models, slice_specs, iou_type, files, quiet, started):
+        self.models = models
+        self.slice_specs = [tuple(s) for s in slice_specs]
+        self.iou_type = iou_type
+        self.files = files
+        self.quiet = quiet
+        self.started = started
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+
+    def process(self, element, categories):
+        shard, pieces = element
+        category_id = np.array(categories["id"], dtype=np.int64)
+        gt_pieces = [p for source, p in pieces if source == GROUNDTRUTHS]
+        images = _concat_images([p[0] for p in gt_pieces]) if gt_pieces else None
+        gts = _concat_boxes([p[1] for p in gt_pieces]) if gt_pieces else None
+        groups = self._slice_groups(images) if images is not None else []
+        for model in self.models:
+            parts = [p for source, p in pieces if source == model]
+            if not parts:
+                dts = None
+            else:
+                area_from_bbox = parts[0][0]
+                dts = _concat_boxes([p[1] for p in parts])
+                known_image = (np.isin(dts.image_id, images.image_id) if images is not None
+                               else np.zeros(len(dts.image_id), bool))
+                known_category = np.isin(dts.category_id, category_id)
+                path = self.files[model][0]
+                for p in dts.position[~known_image]:
+                    yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
+                        model, path, int(p), "no ground-truth image with this image_id", None, "row"))
+                for p in dts.position[known_image & ~known_category]:
+                    yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
+                        model, path, int(p), "category_id is not a ground-truth category", None, "row"))
+                ok = known_image & known_category
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
+                dts = dts.take(np.flatnonzero(ok))
+            if images is None:
+                continue
+            if dts is None:
+                dts, area_from_bbox = _empty_boxes(gts.segmentation is not None), True
+            for slice_json, image_index in groups:
+                chosen = images.image_id[image_index]
+                sub_gts = gts.take(np.flatnonzero(np.isin(gts.image_id, chosen)))
+                sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
+                yield (model, slice_json), shard_state(
+                    _take_images(images, image_index), sub_gts, sub_dts, category_id,
+                    self.iou_type, area_from_bbox)
+        self.progress.say("match", f"matched shard {shard}")
+
+    def _slice_groups(self, images: ImageRows):
+        groups = [("{}", np.arange(images.image_id.size))]
+        for spec in self.slice_specs:
+            combos: dict = {}
+            for i, values in enumerate(zip(*(images.slices[k] for k in spec))):
+                combos.setdefault(values, []).append(i)
+            for values in sorted(combos):
+                parsed = {k: json.loads(v) for k, v in zip(spec, values)}
+                groups.append((canonical_json(parsed), np.array(combos[values], dtype=np.int64)))
+        return groups
+
+
+def _empty_boxes(with_segmentation: bool) -> BoxRows:
+    return BoxRows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 4)), np.zeros(0),
+                   np.zeros(0, bool), [] if with_segmentation else None, np.zeros(0, np.int64))
+
+
+class CocoCombineFn(beam.CombineFn):
+    """Concatenates CocoState partials (exact: accumulate() sorts by a total order)."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, state):
+        return state.copy() if acc is None else acc.merge(state)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for acc in accs:
+            if acc is not None:
+                out = acc if out is None else out.merge(acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def records(element, categories, iou_type: str):
+    """((model, slice JSON), CocoState) -> COCOSummary and one COCOClassSummary per category."""
+    (model, slice_json), state = element
+    if state is None:
+        return
+    slice_value = json.loads(slice_json)
+    precision, recall = accumulate(state)
+    yield {"type": "COCOSummary", "value": summarize(precision, recall),
+           "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)},
+           "model": model, "slice": slice_value}
+    for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
+        yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
+               "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
+                              "category_id": cid},
+               "model": model, "slice": slice_value}
+
+
+class EvaluateCocoFiles(beam.PTransform):
+    """COCO files (Sources) -> (metric records, rejects, stats)."""
+
+    def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started):
+        super().__init__()
+        self.sources = sources
+        self.models = models
+        self.slices = slices
+        self.iou_type = iou_type
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def expand(self, pbegin):
+        files = [(name, i) for name, source in sorted(self.sources.items())
+                 for i in range(len(source.files))]
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        read = (pbegin
+                | "Files" >> beam.Create(files)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(ReadCocoFile(self.sources, self.iou_type, slice_keys,
+                                                    self.num_shards, self.quiet, self.started))
+                .with_output_types(SHARD_PIECE)
+                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
+        categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
+        matched = (read.pieces
+                   | "GroupByShard" >> beam.GroupByKey()
+                   | "Match" >> beam.ParDo(MatchDetections(
+                       self.models, self.slices, self.iou_type,
+                       {n: s.files for n, s in self.sources.items()}, self.quiet, self.started),
+                       categories)
+                   .with_output_types(PARTIAL)
+                   .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+        metrics = (matched.partials
+                   | "Combine" >> beam.CombinePerKey(CocoCombineFn())
+                   | "Records" >> beam.FlatMap(records, categories, self.iou_type))
+        rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
+        stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+        return metrics, rejected, stats
