@@ -125,14 +125,17 @@ class CocoState:
 
 
 def _bits(flags: np.ndarray) -> np.ndarray:
-    """bool[..., T] -> uint16[...] with bit t set where flags[..., t]."""
-    weights = (1 << np.arange(flags.shape[-1], dtype=np.uint16)).astype(np.uint16)
-    return (flags.astype(np.uint16) * weights).sum(axis=-1).astype(np.uint16)
+    """bool[..., T] (T <= 16) -> uint16[...] with bit t set where flags[..., t]."""
+    packed = np.packbits(flags, axis=-1, bitorder="little")
+    if packed.shape[-1] == 1:
+        return packed[..., 0].astype(np.uint16)
+    return packed[..., 0].astype(np.uint16) | (packed[..., 1].astype(np.uint16) << 8)
 
 
 def _unbits(bits: np.ndarray, T: int) -> np.ndarray:
-    """uint16[n] -> bool[T, n]."""
-    return ((bits[None, :] >> np.arange(T, dtype=np.uint16)[:, None]) & 1).astype(bool)
+    """uint16[...] -> bool[..., T]."""
+    pairs = np.stack([(bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8)], axis=-1)
+    return np.unpackbits(pairs, axis=-1, bitorder="little")[..., :T].astype(bool)
 
 
 def _pow2(x: np.ndarray) -> np.ndarray:
@@ -169,7 +172,6 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
     rank = np.arange(N) - first[grp]
     keep = rank < max_det
     kept, grp, rank = order[keep], grp[keep], rank[keep]
-    n_kept = np.bincount(grp, minlength=n_groups)
     dt_out = (dt_area[kept][:, None] < lo) | (dt_area[kept][:, None] > hi)          # [n, A]
 
     # ground truths: columns in input order within each group
@@ -190,9 +192,20 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
         offset = np.arange(pair_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
         pair_gt = gt_order[np.repeat(gt_first[grp[rows]], counts) + offset]
         iou = pair_iou(kept[pair_row], pair_gt)
-        # buckets of groups with similar (detections, ground truths) counts, padded to powers of 2
-        groups = np.flatnonzero((n_kept > 0) & (n_gts > 0))
-        depth, width = _pow2(n_kept[groups]), _pow2(n_gts[groups])
+        # Only detections with some IoU >= the lowest threshold can match; the others stay
+        # unmatched and change nothing for later ones, so matching skips them (most
+        # detections), renumbering the candidates of each group in score order.
+        best = np.zeros(kept.size)
+        np.maximum.at(best, pair_row, iou)
+        candidate = best >= np.minimum(thresholds.min(), 1 - 1e-10)
+        n_cand = np.bincount(grp[candidate], minlength=n_groups)
+        step = np.cumsum(candidate) - 1
+        step -= np.r_[0, np.cumsum(candidate)][np.searchsorted(grp, grp, side="left")]
+        keep_pair = candidate[pair_row]
+        pair_row, pair_gt, iou = pair_row[keep_pair], pair_gt[keep_pair], iou[keep_pair]
+        # buckets of groups with similar (candidates, ground truths) counts, padded to powers of 2
+        groups = np.flatnonzero((n_cand > 0) & (n_gts > 0))
+        depth, width = _pow2(n_cand[groups]), _pow2(n_gts[groups])
         bucket_of = np.full(n_groups, -1, dtype=np.int64)
         for d_w in np.unique(np.stack([depth, width], axis=1), axis=0):
             members = groups[(depth == d_w[0]) & (width == d_w[1])]
@@ -200,10 +213,10 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
             in_bucket = np.zeros(n_groups, dtype=bool)
             in_bucket[members] = True
             sel_pairs = np.flatnonzero(in_bucket[grp[pair_row]])
-            sel_rows = np.flatnonzero(in_bucket[grp])
+            sel_rows = np.flatnonzero(in_bucket[grp] & candidate)
             B, D, W = members.size, int(d_w[0]), int(d_w[1])
             padded = np.full((B, D, W), -1.0)
-            padded[bucket_of[grp[pair_row[sel_pairs]]], rank[pair_row[sel_pairs]],
+            padded[bucket_of[grp[pair_row[sel_pairs]]], step[pair_row[sel_pairs]],
                    column[pair_gt[sel_pairs]]] = iou[sel_pairs]
             ignore = np.zeros((B, W, A), dtype=bool)
             crowd = np.zeros((B, W), dtype=bool)
@@ -215,10 +228,10 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
             valid[gb, gc] = True
             # the four area ranges are four copies of each group: [B, A, ...] -> [B * A, ...]
             matched, matched_ignored = greedy_match(
-                np.repeat(padded, A, axis=0), np.repeat(n_kept[members], A),
+                np.repeat(padded, A, axis=0), np.repeat(n_cand[members], A),
                 ignore.transpose(0, 2, 1).reshape(B * A, W), np.repeat(crowd, A, axis=0),
                 np.repeat(valid, A, axis=0), thresholds)
-            rb, rr = bucket_of[grp[sel_rows]], rank[sel_rows]
+            rb, rr = bucket_of[grp[sel_rows]], step[sel_rows]
             m = matched.reshape(B, A, T, D)[rb, :, :, rr]                  # [n, A, T]
             mi = matched_ignored.reshape(B, A, T, D)[rb, :, :, rr]
             tp[sel_rows] = _bits(m & ~mi)
@@ -247,7 +260,8 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
                recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
                max_dets: tuple[int, ...] = MAX_DETS) -> tuple[np.ndarray, np.ndarray]:
     """precision float64[T, R, K, A, M] and recall float64[T, K, A, M], -1 where undefined,
-    with pycocotools' accumulate() arithmetic."""
+    with pycocotools' accumulate() arithmetic (the same float operations, all area ranges of a
+    category and max_dets at once)."""
     T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, len(AREA_RANGES), len(max_dets)
     precision = -np.ones((T, R, K, A, M))
     recall = -np.ones((T, K, A, M))
@@ -255,28 +269,39 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
     category = state.category[order]
     bounds = np.searchsorted(category, np.arange(K + 1))
     for k in range(K):
+        areas = np.flatnonzero(state.n_gt[k] > 0)
+        if not areas.size:
+            continue
+        npig = state.n_gt[k, areas][None, :, None].astype(np.int64)
         rows = order[bounds[k]:bounds[k + 1]]
         for m, max_det in enumerate(max_dets):
             kept = rows[state.rank[rows] < max_det]
-            for a in range(A):
-                npig = state.n_gt[k, a]
-                if npig == 0:
-                    continue
-                tps = _unbits(state.tp[kept, a], T)
-                fps = _unbits(state.fp[kept, a], T)
-                tp_sum = np.cumsum(tps, axis=1).astype(dtype=float)
-                fp_sum = np.cumsum(fps, axis=1).astype(dtype=float)
-                nd = kept.size
-                rc = tp_sum / npig
-                pr = tp_sum / (fp_sum + tp_sum + np.spacing(1))
-                recall[:, k, a, m] = rc[:, -1] if nd else 0
-                # the precision envelope: running maximum from the right
-                pr = np.maximum.accumulate(pr[:, ::-1], axis=1)[:, ::-1] if nd else pr
+            nd = kept.size
+            if not nd:
+                recall[:, k, areas, m] = 0
+                precision[:, :, k, areas, m] = 0
+                continue
+            # Precision only matters where a true positive lands: recall steps there, the
+            # envelope (running maximum from the right) peaks there, and every recall threshold
+            # reads one of those points. So the float arithmetic runs on those points only,
+            # with pycocotools' formula, giving its values bit for bit.
+            is_tp = _unbits(state.tp[kept][:, areas], T)                        # [nd, a, T]
+            fp_cum = np.cumsum(_unbits(state.fp[kept][:, areas], T), axis=0, dtype=np.int64)
+            n_tp = is_tp.sum(axis=0)
+            recall[:, k, areas, m] = (n_tp.astype(float) / npig[0]).T
+            for i, a in enumerate(areas):
                 q = np.zeros((T, R))
                 for t in range(T):
-                    inds = np.searchsorted(rc[t], recall_thresholds, side="left")
-                    valid = inds < nd
-                    q[t, valid] = pr[t, inds[valid]]
+                    at = np.flatnonzero(is_tp[:, i, t])
+                    if not at.size:
+                        continue
+                    tp = np.arange(1, at.size + 1, dtype=float)
+                    fp = fp_cum[at, i, t].astype(float)
+                    pr = np.maximum.accumulate((tp / (fp + tp + np.spacing(1)))[::-1])[::-1]
+                    rc = tp / npig[0, i, 0]
+                    inds = np.searchsorted(rc, recall_thresholds, side="left")
+                    valid = inds < at.size
+                    q[t, valid] = pr[inds[valid]]
                 precision[:, :, k, a, m] = q
     return precision, recall
 
