@@ -5,7 +5,8 @@ Pure numpy; the semantics are pycocotools' COCOeval, reproduced exactly:
   sort), and only the first max(max_dets) = 100 kept;
 - a ground truth is ignored in area range a when it is a crowd region or its "area" lies outside
   [lo, hi] (both ends inclusive, so an area of exactly 32**2 is small and medium);
-- greedy matching in score order, per IoU threshold t (compared as min(t, 1 - 1e-10)): a detection
+- greedy matching in score order (annotation ids play no part: pycocotools treats a match to an
+  annotation with id 0 as no match, a bug evalbeam does not copy), per IoU threshold t (compared as min(t, 1 - 1e-10)): a detection
   takes the not-yet-matched, non-ignored ground truth with the highest IoU >= t (ties: the later
   ground truth); only if there is none, the best ignored one (crowd regions can absorb any number
   of detections). A detection matched to an ignored ground truth is ignored, and so is an
