@@ -5,12 +5,12 @@ Pure numpy; the semantics are pycocotools' COCOeval, reproduced exactly:
   sort), and only the first max(max_dets) = 100 kept;
 - a ground truth is ignored in area range a when it is a crowd region or its "area" lies outside
   [lo, hi] (both ends inclusive, so an area of exactly 32**2 is small and medium);
-- greedy matching in score order (annotation ids play no part: pycocotools treats a match to an
-  annotation with id 0 as no match, a bug evalbeam does not copy), per IoU threshold t (compared as min(t, 1 - 1e-10)): a detection
-  takes the not-yet-matched, non-ignored ground truth with the highest IoU >= t (ties: the later
-  ground truth); only if there is none, the best ignored one (crowd regions can absorb any number
-  of detections). A detection matched to an ignored ground truth is ignored, and so is an
-  unmatched detection whose area lies outside the range;
+- greedy matching in score order, per IoU threshold t (compared as min(t, 1 - 1e-10)): a
+  detection takes the not-yet-matched, non-ignored ground truth with the highest IoU >= t (ties:
+  the later ground truth); only if there is none, the best ignored one (crowd regions can absorb
+  any number of detections). A detection matched to an ignored ground truth is ignored, and so
+  is an unmatched detection whose area lies outside the range. Annotation ids play no part
+  (pycocotools counts a match to an annotation with id 0 as no match, a bug not copied here);
 - crowd IoU is intersection / area(detection);
 - accumulate: per category, area range and max_dets, all images' detections ordered by score,
   ties by image id then rank in the image; precision made monotone, read at 101 recall
