@@ -45,9 +45,10 @@ def check_coco_source(name: str, source) -> None:
 
     from transforms.io import InputError
 
-    if name == "groundtruths" and len(source.files) != 1:
-        raise InputError(f"{source.pattern!r} matches {len(source.files)} files; the ground truth "
-                         "must be one COCO instances JSON file.")
+    if len(source.files) != 1:
+        what = ("the ground truth must be one COCO instances JSON file" if name == "groundtruths"
+                else f"the predictions of {name} must be one COCO results JSON file")
+        raise InputError(f"{source.pattern!r} matches {len(source.files)} files; {what}.")
     for path in source.files:
         if not path.lower().endswith(".json"):
             raise InputError(f"{path} (given for {name}) is not a COCO JSON file; evalbeam "
