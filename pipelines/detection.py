@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
 from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_models, parse_slices, run_job, say_error, split_beam_args)
+                              parse_float_list, parse_models, parse_slices, run_job, say_error,
+                              split_beam_args)
 
 TASK = "detection"
 
@@ -27,15 +29,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_arguments(parser)
     parser.add_argument("--iou_type", choices=("bbox", "segm"), default="bbox",
                         help="geometry compared: boxes or segmentation masks (default bbox)")
-    parser.add_argument("--protocol", choices=("coco",), default="coco",
-                        help="matching and averaging rules; only 'coco' (pycocotools) so far")
+    parser.add_argument("--protocol", choices=("coco", "valor"), default="coco",
+                        help="coco: pycocotools' COCOeval (maxDets 1/10/100, area ranges, crowd "
+                             "regions), 12 summary statistics; valor: every detection, no area "
+                             "ranges, no crowd rule, Valor's AP/mAP/AR/mAR records (default coco)")
+    parser.add_argument("--iou_thresholds", default=None, metavar="T[,T...]",
+                        help="IoU thresholds of the valor protocol (default 0.5,0.55,...,0.95; the "
+                             "coco protocol always uses these)")
+    parser.add_argument("--score_thresholds", default="0.5", metavar="S[,S...]",
+                        help="score thresholds of AR in the valor protocol (default 0.5)")
     return parser
 
 
 def parse_args(argv: list[str]):
+    from transforms.detection import COCO, Protocol
+
     args, rest = build_parser().parse_known_args(argv)
     beam_args = split_beam_args(rest)
-    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args
+    if args.protocol == "coco":
+        if args.iou_thresholds is not None:
+            raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
+                             "always uses 0.5:0.05:0.95")
+        protocol = COCO
+    else:
+        ious = (parse_float_list(args.iou_thresholds, "--iou_thresholds")
+                if args.iou_thresholds is not None else COCO.iou_thresholds)
+        if len(ious) > 16:
+            raise UsageError("--iou_thresholds takes at most 16 thresholds")
+        protocol = Protocol("valor", tuple(sorted(set(ious))),
+                            tuple(sorted(set(parse_float_list(args.score_thresholds,
+                                                              "--score_thresholds")))))
+    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol
 
 
 def check_coco_source(name: str, source) -> None:
@@ -72,7 +96,7 @@ def check_coco_source(name: str, source) -> None:
 
 
 def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, folder, quiet,
-                   started, run_info, max_rejected_fraction):
+                   started, run_info, max_rejected_fraction, protocol):
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
@@ -80,7 +104,7 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
     from transforms.io import WriteJsonl, finalize_run
 
     metrics, rejected, stats = pipeline | "Detection" >> EvaluateCocoFiles(
-        sources, sorted(models), slices, iou_type, num_shards, quiet, started)
+        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol)
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     _ = (stats
@@ -91,24 +115,31 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
                                  max_rejected_fraction))
 
 
+RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
+                "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores")
+
+
 def record_sort_key(record: dict):
-    """model, slice, summary before per-class records, then category id."""
-    return (record["model"], len(record["slice"]), str(sorted(record["slice"].items())),
-            record["type"] != "COCOSummary", record["parameters"].get("category_id", -1))
+    """model, slice, type, then threshold and label (category id for COCO records)."""
+    params = record["parameters"]
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), params.get("iou_threshold", -1.0),
+            params.get("score_threshold", -1.0), params.get("category_id", -1),
+            str(params.get("label", "")))
 
 
 def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.time()
     try:
-        args, models, slices, beam_args = parse_args(argv)
+        args, models, slices, beam_args, protocol = parse_args(argv)
     except UsageError as error:
         say_error(str(error))
         return EXIT_USAGE
 
     def build(pipeline, sources, num_shards, folder, run_info):
         build_pipeline(pipeline, sources, models, slices, args.iou_type, num_shards, folder,
-                       args.quiet, started, run_info, args.max_rejected_fraction)
+                       args.quiet, started, run_info, args.max_rejected_fraction, protocol)
 
     def summarize(metrics_path, counts):
         from pipelines.summary import detection_summary
@@ -116,7 +147,9 @@ def run(argv: list[str] | None = None) -> int:
         return detection_summary(metrics_path, counts)
 
     return run_job(TASK, args, models, slices, beam_args,
-                   {"iou_type": args.iou_type, "protocol": args.protocol},
+                   {"iou_type": args.iou_type, "protocol": protocol.name,
+                    "iou_thresholds": list(protocol.iou_thresholds),
+                    "score_thresholds": list(protocol.score_thresholds) if protocol.name == "valor" else None},
                    check_coco_source, build, summarize, started)
 
 

@@ -63,10 +63,12 @@ def classification_summary(metrics_path: str, counts: dict, config) -> str:
 def detection_summary(metrics_path: str, counts: dict) -> str:
     """One row per (model, slice): the 12 COCO statistics (-1: undefined)."""
     names = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge", "AR1", "AR10", "AR100")
-    rows = []
+    rows, valor = [], []
     with FileSystems.open(metrics_path) as stream:
         for line in stream:
             record = json.loads(line)
+            if record["type"] == "mAPAveragedOverIOUs":
+                valor.append(record)
             if record["type"] != "COCOSummary":
                 continue
             where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
@@ -74,5 +76,10 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
+    if valor:
+        rows = [[r["model"], ", ".join(f"{k}={v}" for k, v in r["slice"].items()) or "(all)",
+                 f"{r['value']:.4f}"] for r in valor]
+        title = "\nDetection summary (valor protocol: mAP averaged over the IoU thresholds)"
+        return f"{title}\n{_table(['model', 'slice', 'mAP'], rows)}\n\n{inputs}"
     title = "\nDetection summary (COCO protocol; AP/AR at IoU .50:.95 unless named; maxDets 100)"
     return f"{title}\n{_table(['model', 'slice', *names], rows)}\n\n{inputs}"

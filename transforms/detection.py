@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import typing
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -20,8 +21,9 @@ from schemas.coco import to_rle
 from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
 from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, Progress
-from transforms.kernels.detection import (MAX_DETS, CocoState, accumulate, coco_state,
-                                          pair_box_iou, summarize)
+from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
+                                          accumulate, coco_state, pair_box_iou, summarize,
+                                          valor_metrics)
 from transforms.kernels.hashing import fnv1a_64
 from transforms.kernels.masks import pair_mask_iou
 
@@ -148,37 +150,59 @@ class ReadCocoFile(beam.DoFn):
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """How detections are matched and averaged: "coco" (pycocotools: maxDets, four area ranges,
+    crowd regions) or "valor" (every detection, one area range, crowd flags ignored)."""
+
+    name: str = "coco"
+    iou_thresholds: tuple = tuple(IOU_THRESHOLDS.tolist())
+    score_thresholds: tuple = (0.5,)
+
+    @property
+    def options(self) -> dict:
+        thresholds = np.array(self.iou_thresholds)
+        if self.name == "coco":
+            return {"thresholds": thresholds}
+        return {"thresholds": thresholds, "max_det": None, "area_ranges": VALOR_AREA_RANGES}
+
+
+COCO = Protocol()
+
+
 def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.ndarray,
-                iou_type: str, area_from_bbox: bool) -> CocoState:
+                iou_type: str, area_from_bbox: bool, protocol: Protocol = COCO) -> CocoState:
     """CocoState of the given images (gts and dts must belong to them)."""
     order = np.argsort(images.image_id)
     image_id = images.image_id[order]
     gt_image = np.searchsorted(image_id, gts.image_id)
     dt_image = np.searchsorted(image_id, dts.image_id)
+    crowd = gts.crowd if protocol.name == "coco" else np.zeros_like(gts.crowd)
     if iou_type == "segm":
+        from pycocotools import mask as mask_utils
+
         height, width = images.height[order], images.width[order]
         gt_rles = [to_rle(s, int(height[i]), int(width[i])) for s, i in zip(gts.segmentation, gt_image)]
         dt_rles = [to_rle(s, int(height[i]), int(width[i])) for s, i in zip(dts.segmentation, dt_image)]
-        from pycocotools import mask as mask_utils
-
         mask_area = np.array([mask_utils.area(r) for r in dt_rles], dtype=np.float64)
         box_area = dts.bbox[:, 2] * dts.bbox[:, 3]
         dt_area = np.where(np.isnan(box_area) | (not area_from_bbox), mask_area, box_area)
-        pair_iou = pair_mask_iou(dt_rles, gt_rles, gts.crowd)
+        pair_iou = pair_mask_iou(dt_rles, gt_rles, crowd)
     else:
         dt_area = dts.bbox[:, 2] * dts.bbox[:, 3]
-        pair_iou = pair_box_iou(dts.bbox, gts.bbox, gts.crowd)
+        pair_iou = pair_box_iou(dts.bbox, gts.bbox, crowd)
     return coco_state(image_id, category_id.size, gt_image,
-                      np.searchsorted(category_id, gts.category_id), gts.value, gts.crowd,
+                      np.searchsorted(category_id, gts.category_id), gts.value, crowd,
                       dt_image, np.searchsorted(category_id, dts.category_id), dts.value, dt_area,
-                      pair_iou)
+                      pair_iou, **protocol.options)
 
 
 class MatchDetections(beam.DoFn):
     """(shard, pieces) -> ((model, slice JSON), CocoState) per model and slice; rejects
     detections whose image or category the ground truth does not have."""
 
-    def __init__(self, models, slice_specs, iou_type, files, quiet, started):
+    def __init__(self, models, slice_specs, iou_type, files, quiet, started, protocol=COCO):
+        self.protocol = protocol
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.iou_type = iou_type
@@ -227,7 +251,7 @@ class MatchDetections(beam.DoFn):
                 sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
                 yield (model, slice_json), shard_state(
                     _take_images(images, image_index), sub_gts, sub_dts, category_id,
-                    self.iou_type, area_from_bbox)
+                    self.iou_type, area_from_bbox, self.protocol)
         self.progress.say("match", f"matched shard {shard}")
 
     def _slice_groups(self, images: ImageRows):
@@ -267,28 +291,61 @@ class CocoCombineFn(beam.CombineFn):
         return acc
 
 
-def records(element, categories, iou_type: str):
-    """((model, slice JSON), CocoState) -> COCOSummary and one COCOClassSummary per category."""
+def records(element, categories, iou_type: str, protocol: Protocol = COCO):
+    """((model, slice JSON), CocoState) -> metric records of the protocol."""
     (model, slice_json), state = element
     if state is None:
         return
-    slice_value = json.loads(slice_json)
+    base = {"model": model, "slice": json.loads(slice_json)}
+    if protocol.name == "valor":
+        yield from _valor_records(state, categories, protocol, base)
+        return
     precision, recall = accumulate(state)
     yield {"type": "COCOSummary", "value": summarize(precision, recall),
            "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)},
-           "model": model, "slice": slice_value}
+           **base}
     for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
         yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
                "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
                               "category_id": cid},
-               "model": model, "slice": slice_value}
+               **base}
+
+
+def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict):
+    """Valor's records (valor-lite's names and parameters) for the labels present."""
+    ious = list(protocol.iou_thresholds)
+    scores = list(protocol.score_thresholds)
+    m = valor_metrics(state, np.array(ious), np.array(scores))
+    labels = [(k, name) for k, name in enumerate(categories["name"]) if m["present"][k]]
+
+    def record(kind, value, **parameters):
+        return {"type": kind, "value": float(value), "parameters": parameters, **base}
+
+    for t, iou in enumerate(ious):
+        for k, name in labels:
+            yield record("AP", m["AP"][t, k], iou_threshold=iou, label=name)
+        yield record("mAP", m["mAP"][t], iou_threshold=iou)
+    for k, name in labels:
+        yield record("APAveragedOverIOUs", m["APAveragedOverIOUs"][k], iou_thresholds=ious, label=name)
+    yield record("mAPAveragedOverIOUs", m["mAPAveragedOverIOUs"], iou_thresholds=ious)
+    for i, s in enumerate(scores):
+        for k, name in labels:
+            yield record("AR", m["AR"][i, k], iou_thresholds=ious, score_threshold=s, label=name)
+        yield record("mAR", m["mAR"][i], iou_thresholds=ious, score_threshold=s)
+    for k, name in labels:
+        yield record("ARAveragedOverScores", m["ARAveragedOverScores"][k], iou_thresholds=ious,
+                     score_thresholds=scores, label=name)
+    yield record("mARAveragedOverScores", m["mARAveragedOverScores"], iou_thresholds=ious,
+                 score_thresholds=scores)
 
 
 class EvaluateCocoFiles(beam.PTransform):
     """COCO files (Sources) -> (metric records, rejects, stats)."""
 
-    def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started):
+    def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started,
+                 protocol: Protocol = COCO):
         super().__init__()
+        self.protocol = protocol
         self.sources = sources
         self.models = models
         self.slices = slices
@@ -313,13 +370,14 @@ class EvaluateCocoFiles(beam.PTransform):
                    | "GroupByShard" >> beam.GroupByKey()
                    | "Match" >> beam.ParDo(MatchDetections(
                        self.models, self.slices, self.iou_type,
-                       {n: s.files for n, s in self.sources.items()}, self.quiet, self.started),
+                       {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
+                       self.protocol),
                        categories)
                    .with_output_types(PARTIAL)
                    .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
         metrics = (matched.partials
                    | "Combine" >> beam.CombinePerKey(CocoCombineFn())
-                   | "Records" >> beam.FlatMap(records, categories, self.iou_type))
+                   | "Records" >> beam.FlatMap(records, categories, self.iou_type, self.protocol))
         rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
         stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
         return metrics, rejected, stats

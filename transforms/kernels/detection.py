@@ -97,7 +97,7 @@ class CocoState:
     """Mergeable partial state of the COCO protocol for K categories and A = 4 area ranges.
 
     One row per kept detection (the first 100 per image and category in score order): category
-    int32, score float64, image_key int64 (pycocotools' image order: the image id), rank int16
+    int32, score float64, image_key int64 (pycocotools' image order: the image id), rank int32
     (position in its image and category), tp and fp uint16[n, A] (bit t set: true / false
     positive at IoU threshold t in that area range; neither bit: ignored). n_gt int64[K, A]:
     non-ignored ground truths. Merging concatenates rows and adds counts; the order of rows is
@@ -108,7 +108,7 @@ class CocoState:
     category: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     score: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     image_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     tp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
     fp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
 
@@ -148,16 +148,18 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
                dt_group: np.ndarray, dt_score: np.ndarray, dt_area: np.ndarray,
                gt_group: np.ndarray, gt_area: np.ndarray, gt_crowd: np.ndarray,
                pair_iou, n_categories: int, thresholds: np.ndarray = IOU_THRESHOLDS,
-               max_det: int = MAX_DETS[-1]) -> CocoState:
+               max_det: int | None = MAX_DETS[-1],
+               area_ranges: tuple = AREA_RANGES) -> CocoState:
     """Partial COCO state of a set of groups (one per image and category), columnar.
 
     group_category int[n_groups], group_image_key int64[n_groups]; detections dt_* [N] and
     ground truths gt_* [M] in input order, each with its group index; pair_iou(dt_index,
     gt_index) -> float64[P] gives the IoU of pairs (indices into the dt and gt arrays).
+    max_det None keeps every detection; area_ranges are [lo, hi] pairs (COCO's four by default).
     """
-    T, A = thresholds.size, len(AREA_RANGES)
-    lo = np.array([r[0] for r in AREA_RANGES])
-    hi = np.array([r[1] for r in AREA_RANGES])
+    T, A = thresholds.size, len(area_ranges)
+    lo = np.array([r[0] for r in area_ranges])
+    hi = np.array([r[1] for r in area_ranges])
     n_groups = group_category.size
     N, M = dt_score.size, gt_area.size
 
@@ -171,7 +173,7 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
     grp = dt_group[order]
     first = np.searchsorted(grp, np.arange(n_groups))
     rank = np.arange(N) - first[grp]
-    keep = rank < max_det
+    keep = rank < max_det if max_det is not None else np.ones(N, dtype=bool)
     kept, grp, rank = order[keep], grp[keep], rank[keep]
     dt_out = (dt_area[kept][:, None] < lo) | (dt_area[kept][:, None] > hi)          # [n, A]
 
@@ -239,7 +241,7 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
             fp[sel_rows] = _bits(~m & ~dt_out[sel_rows][:, :, None])
     return CocoState(n_categories, n_gt, group_category[grp].astype(np.int32),
                      dt_score[kept].astype(np.float64), group_image_key[grp].astype(np.int64),
-                     rank.astype(np.int16), tp, fp)
+                     rank.astype(np.int32), tp, fp)
 
 
 def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarray):
@@ -262,8 +264,8 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
                max_dets: tuple[int, ...] = MAX_DETS) -> tuple[np.ndarray, np.ndarray]:
     """precision float64[T, R, K, A, M] and recall float64[T, K, A, M], -1 where undefined,
     with pycocotools' accumulate() arithmetic (the same float operations, all area ranges of a
-    category and max_dets at once)."""
-    T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, len(AREA_RANGES), len(max_dets)
+    category at once). A max_dets entry of None keeps every detection."""
+    T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, state.tp.shape[1], len(max_dets)
     precision = -np.ones((T, R, K, A, M))
     recall = -np.ones((T, K, A, M))
     order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
@@ -276,7 +278,7 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
         npig = state.n_gt[k, areas][None, :, None].astype(np.int64)
         rows = order[bounds[k]:bounds[k + 1]]
         for m, max_det in enumerate(max_dets):
-            kept = rows[state.rank[rows] < max_det]
+            kept = rows if max_det is None else rows[state.rank[rows] < max_det]
             nd = kept.size
             if not nd:
                 recall[:, k, areas, m] = 0
@@ -338,7 +340,7 @@ def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray 
 def coco_state(image_key: np.ndarray, n_categories: int,
                gt_image: np.ndarray, gt_category: np.ndarray, gt_area: np.ndarray,
                gt_crowd: np.ndarray, dt_image: np.ndarray, dt_category: np.ndarray,
-               dt_score: np.ndarray, dt_area: np.ndarray, pair_iou) -> CocoState:
+               dt_score: np.ndarray, dt_area: np.ndarray, pair_iou, **options) -> CocoState:
     """CocoState of a set of images: groups are the (image, category) pairs that occur.
 
     image_key int64[I] (the image id, pycocotools' order); gt_* [M] and dt_* [N] in input order
@@ -351,4 +353,44 @@ def coco_state(image_key: np.ndarray, n_categories: int,
         group_image_key=image_key[unique // n_categories],
         dt_group=inverse[M:], dt_score=dt_score, dt_area=dt_area,
         gt_group=inverse[:M], gt_area=gt_area, gt_crowd=gt_crowd,
-        pair_iou=pair_iou, n_categories=n_categories)
+        pair_iou=pair_iou, n_categories=n_categories, **options)
+
+
+# ----------------------------------------------------------------------------- Valor protocol
+
+VALOR_AREA_RANGES = ((0.0, np.inf),)
+
+
+def valor_metrics(state: CocoState, thresholds: np.ndarray, score_thresholds: np.ndarray,
+                  recall_thresholds: np.ndarray = RECALL_THRESHOLDS) -> dict:
+    """Valor's detection metrics from a state built with one area range, no max_dets truncation
+    and no crowd rule (the "valor" protocol).
+
+    AP[t, k]: the mean over 101 recall points of the interpolated precision (pycocotools'
+    interpolation), 0 for a label that has predictions but no ground truth (Valor counts such a
+    label, with AP 0, in mAP). AR[s, k]: mean over IoU thresholds of recall counting only
+    detections with score >= s and score > 0. Means over labels cover the labels present (with
+    ground truth or predictions). Returns arrays and the present-label mask."""
+    precision, recall = accumulate(state, thresholds, recall_thresholds, max_dets=(None,))
+    K, T = state.n_categories, thresholds.size
+    n_gt = state.n_gt[:, 0]
+    has_gt = n_gt > 0
+    present = has_gt | (np.bincount(state.category, minlength=K) > 0)
+    ap = np.where(has_gt[None, :], precision[:, :, :, 0, 0].mean(axis=1), 0.0)        # [T, K]
+    is_tp = _unbits(state.tp[:, 0], T)                                                 # [n, T]
+    ar = np.zeros((score_thresholds.size, K))
+    for i, s in enumerate(score_thresholds):
+        counted = (state.score >= s) & (state.score > 0)
+        tp = np.stack([np.bincount(state.category[counted & is_tp[:, t]], minlength=K)
+                       for t in range(T)])                                              # [T, K]
+        rec = np.zeros((T, K))
+        np.divide(tp, n_gt[None, :], out=rec, where=has_gt[None, :])
+        ar[i] = rec.mean(axis=0)
+
+    def over_labels(values: np.ndarray) -> np.ndarray:
+        return values[..., present].mean(axis=-1) if present.any() else np.zeros(values.shape[:-1])
+
+    return {"present": present, "AP": ap, "mAP": over_labels(ap),
+            "APAveragedOverIOUs": ap.mean(axis=0), "mAPAveragedOverIOUs": over_labels(ap.mean(axis=0)),
+            "AR": ar, "mAR": over_labels(ar),
+            "ARAveragedOverScores": ar.mean(axis=0), "mARAveragedOverScores": over_labels(ar.mean(axis=0))}
