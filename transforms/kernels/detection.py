@@ -292,21 +292,49 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
             fp_cum = np.cumsum(_unbits(state.fp[kept][:, areas], T), axis=0, dtype=np.int64)
             n_tp = is_tp.sum(axis=0)
             recall[:, k, areas, m] = (n_tp.astype(float) / npig[0]).T
-            for i, a in enumerate(areas):
-                q = np.zeros((T, R))
-                for t in range(T):
-                    at = np.flatnonzero(is_tp[:, i, t])
-                    if not at.size:
-                        continue
-                    tp = np.arange(1, at.size + 1, dtype=float)
-                    fp = fp_cum[at, i, t].astype(float)
-                    pr = np.maximum.accumulate((tp / (fp + tp + np.spacing(1)))[::-1])[::-1]
-                    rc = tp / npig[0, i, 0]
-                    inds = np.searchsorted(rc, recall_thresholds, side="left")
-                    valid = inds < at.size
-                    q[t, valid] = pr[inds[valid]]
-                precision[:, :, k, a, m] = q
+            precision[:, :, k, areas, m] = _interpolated_precision(
+                is_tp, fp_cum, npig[0, :, 0], recall_thresholds).transpose(1, 2, 0)
     return precision, recall
+
+
+def _interpolated_precision(is_tp: np.ndarray, fp_cum: np.ndarray, npig: np.ndarray,
+                            recall_thresholds: np.ndarray) -> np.ndarray:
+    """Precision at the recall thresholds, float64[a, T, R], for each (area range, IoU threshold)
+    sequence of one category: is_tp bool[nd, a, T], fp_cum int64[nd, a, T] (false positives so
+    far), npig int[a].
+
+    Only true-positive points matter: recall steps there, the envelope (running maximum from the
+    right) peaks there, and each recall threshold reads one of them. At the j-th true positive
+    tp = j and recall = j / npig for every IoU threshold, so the recall lookup is one
+    searchsorted per area range. Precision uses pycocotools' formula tp / (fp + tp + eps), so the
+    values are its values bit for bit; the per-sequence envelope is a running maximum of exact
+    value ranks with a per-sequence offset."""
+    nd, a_n, T = is_tp.shape
+    R = recall_thresholds.size
+    out = np.zeros((a_n, T, R))
+    a_idx, t_idx, pos = np.nonzero(is_tp.transpose(1, 2, 0))          # sequence-major order
+    if not pos.size:
+        return out
+    seq = a_idx * T + t_idx
+    counts = np.bincount(seq, minlength=a_n * T)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    tp = (np.arange(pos.size) - starts[seq] + 1).astype(float)
+    fp = fp_cum[pos, a_idx, t_idx].astype(float)
+    pr = tp / (fp + tp + np.spacing(1))
+    values, rank = np.unique(pr, return_inverse=True)
+    # running maximum from the right inside each sequence: reversed, later sequences get larger
+    # offsets, so a maximum never leaks from one sequence into the next
+    key = (a_n * T - seq).astype(np.int64) * (values.size + 1) + rank
+    envelope = values[np.maximum.accumulate(key[::-1])[::-1] % (values.size + 1)]
+    most = int(counts.max())
+    for a in range(a_n):
+        rc = np.arange(1, most + 1, dtype=float) / npig[a]
+        inds = np.searchsorted(rc, recall_thresholds, side="left")            # [R]
+        n = counts[a * T:(a + 1) * T]                                          # [T]
+        valid = inds[None, :] < n[:, None]                                     # [T, R]
+        t_of, r_of = np.nonzero(valid)
+        out[a, t_of, r_of] = envelope[starts[a * T + t_of] + inds[r_of]]
+    return out
 
 
 def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray = IOU_THRESHOLDS,
