@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="IoU thresholds of the valor protocol (default 0.5,0.55,...,0.95; the "
                              "coco protocol always uses these)")
     parser.add_argument("--score_thresholds", default="0.5", metavar="S[,S...]",
-                        help="score thresholds of AR in the valor protocol (default 0.5)")
+                        help="score thresholds of AR, Counts, Precision, Recall and F1 in the "
+                             "valor protocol (default 0.5)")
+    parser.add_argument("--pr_curve_iou_threshold", type=float, default=0.5,
+                        help="IoU threshold of the valor protocol's PrecisionRecallCurve (default 0.5)")
+    parser.add_argument("--pr_curve_thresholds", default=None, metavar="S[,S...]",
+                        help="score thresholds of the PrecisionRecallCurve (default 0.05..0.95)")
     return parser
 
 
@@ -54,11 +59,16 @@ def parse_args(argv: list[str]):
     else:
         ious = (parse_float_list(args.iou_thresholds, "--iou_thresholds")
                 if args.iou_thresholds is not None else COCO.iou_thresholds)
-        if len(ious) > 16:
-            raise UsageError("--iou_thresholds takes at most 16 thresholds")
+        curve = (parse_float_list(args.pr_curve_thresholds, "--pr_curve_thresholds")
+                 if args.pr_curve_thresholds is not None else COCO.pr_curve_thresholds)
+        if not 0.0 <= args.pr_curve_iou_threshold <= 1.0:
+            raise UsageError("--pr_curve_iou_threshold must lie in [0, 1]")
         protocol = Protocol("valor", tuple(sorted(set(ious))),
                             tuple(sorted(set(parse_float_list(args.score_thresholds,
-                                                              "--score_thresholds")))))
+                                                              "--score_thresholds")))),
+                            tuple(sorted(set(curve))), args.pr_curve_iou_threshold)
+        if len(protocol.matching_thresholds) > 16:
+            raise UsageError("at most 16 IoU thresholds, the PR curve's included")
     return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol
 
 
@@ -116,7 +126,8 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
 
 
 RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
-                "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores")
+                "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
+                "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve")
 
 
 def record_sort_key(record: dict):
@@ -149,7 +160,10 @@ def run(argv: list[str] | None = None) -> int:
     return run_job(TASK, args, models, slices, beam_args,
                    {"iou_type": args.iou_type, "protocol": protocol.name,
                     "iou_thresholds": list(protocol.iou_thresholds),
-                    "score_thresholds": list(protocol.score_thresholds) if protocol.name == "valor" else None},
+                    **({"score_thresholds": list(protocol.score_thresholds),
+                        "pr_curve_thresholds": list(protocol.pr_curve_thresholds),
+                        "pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}
+                       if protocol.name == "valor" else {})},
                    check_coco_source, build, summarize, started)
 
 

@@ -95,6 +95,12 @@ def test_hand_computed_case():
     assert m["mAP"].tolist() == pytest.approx([((51 + 50 * 2 / 3) / 101) / 2, (51 / 101) / 2])
     # AR: recall 1 at IoU .5 and 1/2 at .75 -> 0.75; with score >= 0.75 only the first counts
     assert m["AR"][:, 0].tolist() == pytest.approx([0.75, 0.5])
+    # Counts (tp, fp, fn): IoU .5 / score >= 0: 2, 1, 0; IoU .5 / score >= .75: 1, 1, 1;
+    # IoU .75 / score >= 0: 1, 2, 1
+    assert m["counts"][0, 0, 0].tolist() == [2, 1, 0]
+    assert m["counts"][0, 1, 0].tolist() == [1, 1, 1]
+    assert m["counts"][1, 0, 0].tolist() == [1, 2, 1]
+    assert m["counts"][0, 0, 1].tolist() == [0, 1, 0]   # the ghost label: one false positive
     # the crowd flag of gt A plays no part: the same numbers without it
     plain = copy.deepcopy(dataset)
     plain["annotations"][0]["iscrowd"] = 0
@@ -126,6 +132,22 @@ def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
                 assert aps[iou, names[cid]] == pytest.approx(precision[t, :, k, 0, 0].mean(), abs=1e-12)
     kinds = {r["type"] for r in records}
     assert kinds == {"AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs", "AR", "mAR",
-                     "ARAveragedOverScores", "mARAveragedOverScores"}
+                     "ARAveragedOverScores", "mARAveragedOverScores", "Counts", "Precision",
+                     "Recall", "F1", "PrecisionRecallCurve"}
+    # Counts at score threshold 0 and IoU 0.5: tp is pycocotools' final recall times the gts
+    counts = {(r["parameters"]["iou_threshold"], r["parameters"]["score_threshold"],
+               r["parameters"]["label"]): r["value"] for r in records if r["type"] == "Counts"}
+    _, recall = switched_off_oracle(dataset, [r for r in results if r["score"] > 0], "bbox")
+    for k, cid in enumerate(cat_ids):
+        key = (0.5, 0.0, names[cid])
+        if key in counts and recall[0, k, 0, 0] > -1:
+            n_gt = counts[key]["tp"] + counts[key]["fn"]
+            assert counts[key]["tp"] == round(recall[0, k, 0, 0] * n_gt)
+    curve = next(r for r in records if r["type"] == "PrecisionRecallCurve")
+    assert curve["parameters"] == {"pr_curve_iou_threshold": 0.5}
+    person = curve["value"]["person"]
+    assert person["0.5"]["tp"] == counts[0.5, 0.5, "person"]["tp"]
+    assert [person[k]["tp"] for k in sorted(person, key=float)] == sorted(
+        (person[k]["tp"] for k in person), reverse=True)
     info = json.loads((out / "run.json").read_text())
     assert info["options"]["protocol"] == "valor" and info["options"]["iou_thresholds"] == [0.5, 0.75]

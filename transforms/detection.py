@@ -23,7 +23,7 @@ from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, Progress
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
                                           accumulate, coco_state, pair_box_iou, summarize,
-                                          valor_metrics)
+                                          valor_counts, valor_metrics)
 from transforms.kernels.hashing import fnv1a_64
 from transforms.kernels.masks import pair_mask_iou
 
@@ -158,10 +158,19 @@ class Protocol:
     name: str = "coco"
     iou_thresholds: tuple = tuple(IOU_THRESHOLDS.tolist())
     score_thresholds: tuple = (0.5,)
+    pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
+    pr_curve_iou_threshold: float = 0.5
+
+    @property
+    def matching_thresholds(self) -> tuple:
+        """The IoU thresholds matched: the metric thresholds plus the PR curve's (valor)."""
+        if self.name == "coco":
+            return self.iou_thresholds
+        return tuple(sorted(set(self.iou_thresholds) | {self.pr_curve_iou_threshold}))
 
     @property
     def options(self) -> dict:
-        thresholds = np.array(self.iou_thresholds)
+        thresholds = np.array(self.matching_thresholds)
         if self.name == "coco":
             return {"thresholds": thresholds}
         return {"thresholds": thresholds, "max_det": None, "area_ranges": VALOR_AREA_RANGES}
@@ -313,13 +322,17 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
 
 def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict):
     """Valor's records (valor-lite's names and parameters) for the labels present."""
+    matched = list(protocol.matching_thresholds)
     ious = list(protocol.iou_thresholds)
+    use = [matched.index(t) for t in ious]
     scores = list(protocol.score_thresholds)
-    m = valor_metrics(state, np.array(ious), np.array(scores))
-    labels = [(k, name) for k, name in enumerate(categories["name"]) if m["present"][k]]
+    m = valor_metrics(state, np.array(matched), np.array(scores), use)
+    present = m["present"]
+    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
 
     def record(kind, value, **parameters):
-        return {"type": kind, "value": float(value), "parameters": parameters, **base}
+        return {"type": kind, "value": value if isinstance(value, dict) else float(value),
+                "parameters": parameters, **base}
 
     for t, iou in enumerate(ious):
         for k, name in labels:
@@ -328,15 +341,40 @@ def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict)
     for k, name in labels:
         yield record("APAveragedOverIOUs", m["APAveragedOverIOUs"][k], iou_thresholds=ious, label=name)
     yield record("mAPAveragedOverIOUs", m["mAPAveragedOverIOUs"], iou_thresholds=ious)
-    for i, s in enumerate(scores):
+    for j, s in enumerate(scores):
         for k, name in labels:
-            yield record("AR", m["AR"][i, k], iou_thresholds=ious, score_threshold=s, label=name)
-        yield record("mAR", m["mAR"][i], iou_thresholds=ious, score_threshold=s)
+            yield record("AR", m["AR"][j, k], iou_thresholds=ious, score_threshold=s, label=name)
+        yield record("mAR", m["mAR"][j], iou_thresholds=ious, score_threshold=s)
     for k, name in labels:
         yield record("ARAveragedOverScores", m["ARAveragedOverScores"][k], iou_thresholds=ious,
                      score_thresholds=scores, label=name)
     yield record("mARAveragedOverScores", m["mARAveragedOverScores"], iou_thresholds=ious,
                  score_thresholds=scores)
+    for t, iou in zip(use, ious):
+        for j, s in enumerate(scores):
+            for k, name in labels:
+                params = {"iou_threshold": iou, "score_threshold": s, "label": name}
+                counts = _counts(m["counts"][t, j, k])
+                yield record("Counts", {key: counts[key] for key in ("tp", "fp", "fn")}, **params)
+                for kind, key in (("Precision", "precision"), ("Recall", "recall"), ("F1", "f1_score")):
+                    yield record(kind, counts[key], **params)
+    curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
+    i = matched.index(protocol.pr_curve_iou_threshold)
+    curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
+                    for j, s in enumerate(protocol.pr_curve_thresholds)}
+             for k, name in labels}
+    yield record("PrecisionRecallCurve", curve, pr_curve_iou_threshold=protocol.pr_curve_iou_threshold)
+
+
+def _counts(tp_fp_fn) -> dict:
+    """tp, fp, fn with precision, recall and F1 (0 when undefined)."""
+    tp, fp, fn = (int(v) for v in tp_fp_fn)
+
+    def ratio(numerator, denominator):
+        return numerator / denominator if denominator else 0.0
+
+    return {"tp": tp, "fp": fp, "fn": fn, "precision": ratio(tp, tp + fp),
+            "recall": ratio(tp, tp + fn), "f1_score": ratio(2 * tp, 2 * tp + fp + fn)}
 
 
 class EvaluateCocoFiles(beam.PTransform):

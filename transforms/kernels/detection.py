@@ -389,36 +389,53 @@ def coco_state(image_key: np.ndarray, n_categories: int,
 VALOR_AREA_RANGES = ((0.0, np.inf),)
 
 
+def valor_counts(state: CocoState, n_thresholds: int, score_thresholds: np.ndarray) -> np.ndarray:
+    """int64[I, S, K, 3]: (tp, fp, fn) per matched IoU threshold, score threshold and label,
+    counting the detections with score >= s and score > 0. Greedy matching runs in score order,
+    so the true positives among those detections are the matches a run on them alone makes."""
+    K, S = state.n_categories, score_thresholds.size
+    n_gt = state.n_gt[:, 0]
+    out = np.zeros((n_thresholds, S, K, 3), dtype=np.int64)
+    is_tp = _unbits(state.tp[:, 0], n_thresholds)                                      # [n, I]
+    for j, s in enumerate(score_thresholds):
+        counted = (state.score >= s) & (state.score > 0)
+        n_counted = np.bincount(state.category[counted], minlength=K)
+        for i in range(n_thresholds):
+            tp = np.bincount(state.category[counted & is_tp[:, i]], minlength=K)
+            out[i, j, :, 0] = tp
+            out[i, j, :, 1] = n_counted - tp
+            out[i, j, :, 2] = n_gt - tp
+    return out
+
+
 def valor_metrics(state: CocoState, thresholds: np.ndarray, score_thresholds: np.ndarray,
+                  use: list[int] | None = None,
                   recall_thresholds: np.ndarray = RECALL_THRESHOLDS) -> dict:
     """Valor's detection metrics from a state built with one area range, no max_dets truncation
-    and no crowd rule (the "valor" protocol).
+    and no crowd rule (the "valor" protocol) over the IoU `thresholds`; `use` picks the ones the
+    metrics report and average over (default all).
 
     AP[t, k]: the mean over 101 recall points of the interpolated precision (pycocotools'
     interpolation), 0 for a label that has predictions but no ground truth (Valor counts such a
     label, with AP 0, in mAP). AR[s, k]: mean over IoU thresholds of recall counting only
     detections with score >= s and score > 0. Means over labels cover the labels present (with
-    ground truth or predictions). Returns arrays and the present-label mask."""
-    precision, recall = accumulate(state, thresholds, recall_thresholds, max_dets=(None,))
-    K, T = state.n_categories, thresholds.size
+    ground truth or predictions). counts: valor_counts() at the score thresholds."""
+    use = list(range(thresholds.size)) if use is None else use
+    precision, _ = accumulate(state, thresholds, recall_thresholds, max_dets=(None,))
+    K = state.n_categories
     n_gt = state.n_gt[:, 0]
     has_gt = n_gt > 0
     present = has_gt | (np.bincount(state.category, minlength=K) > 0)
-    ap = np.where(has_gt[None, :], precision[:, :, :, 0, 0].mean(axis=1), 0.0)        # [T, K]
-    is_tp = _unbits(state.tp[:, 0], T)                                                 # [n, T]
-    ar = np.zeros((score_thresholds.size, K))
-    for i, s in enumerate(score_thresholds):
-        counted = (state.score >= s) & (state.score > 0)
-        tp = np.stack([np.bincount(state.category[counted & is_tp[:, t]], minlength=K)
-                       for t in range(T)])                                              # [T, K]
-        rec = np.zeros((T, K))
-        np.divide(tp, n_gt[None, :], out=rec, where=has_gt[None, :])
-        ar[i] = rec.mean(axis=0)
+    ap = np.where(has_gt[None, :], precision[use, :, :, 0, 0].mean(axis=1), 0.0)       # [T, K]
+    counts = valor_counts(state, thresholds.size, score_thresholds)
+    recall = np.zeros((len(use), score_thresholds.size, K))
+    np.divide(counts[use, :, :, 0], n_gt, out=recall, where=has_gt)
+    ar = recall.mean(axis=0)                                                           # [S, K]
 
     def over_labels(values: np.ndarray) -> np.ndarray:
         return values[..., present].mean(axis=-1) if present.any() else np.zeros(values.shape[:-1])
 
-    return {"present": present, "AP": ap, "mAP": over_labels(ap),
+    return {"present": present, "counts": counts, "AP": ap, "mAP": over_labels(ap),
             "APAveragedOverIOUs": ap.mean(axis=0), "mAPAveragedOverIOUs": over_labels(ap.mean(axis=0)),
             "AR": ar, "mAR": over_labels(ar),
             "ARAveragedOverScores": ar.mean(axis=0), "mARAveragedOverScores": over_labels(ar.mean(axis=0))}
