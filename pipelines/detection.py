@@ -12,6 +12,7 @@ import json
 import sys
 import time
 
+from schemas.formats import format_of
 from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
                               parse_float_list, parse_models, parse_slices, run_job, say_error,
                               split_beam_args)
@@ -29,10 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_arguments(parser)
     parser.add_argument("--iou_type", choices=("bbox", "segm"), default="bbox",
                         help="geometry compared: boxes or segmentation masks (default bbox)")
-    parser.add_argument("--protocol", choices=("coco", "valor"), default="coco",
+    parser.add_argument("--protocol", choices=("coco", "valor"), default=None,
                         help="coco: pycocotools' COCOeval (maxDets 1/10/100, area ranges, crowd "
                              "regions), 12 summary statistics; valor: every detection, no area "
-                             "ranges, no crowd rule, Valor's AP/mAP/AR/mAR records (default coco)")
+                             "ranges, no crowd rule, Valor's records (default: coco for COCO files, valor for "
+                             "native rows)")
     parser.add_argument("--iou_thresholds", default=None, metavar="T[,T...]",
                         help="IoU thresholds of the valor protocol (default 0.5,0.55,...,0.95; the "
                              "coco protocol always uses these)")
@@ -51,6 +53,13 @@ def parse_args(argv: list[str]):
 
     args, rest = build_parser().parse_known_args(argv)
     beam_args = split_beam_args(rest)
+    # COCO files are single JSON documents (.json); native rows are .jsonl/.ndjson or Parquet
+    native = (format_of(args.groundtruths) in ("jsonl", "parquet")
+              and not args.groundtruths.lower().endswith(".json"))
+    if args.protocol is None:
+        args.protocol = "valor" if native else "coco"
+    if native and args.iou_type == "segm":
+        raise UsageError("native detection rows carry boxes only so far: use --iou_type bbox")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
@@ -69,7 +78,7 @@ def parse_args(argv: list[str]):
                             tuple(sorted(set(curve))), args.pr_curve_iou_threshold)
         if len(protocol.matching_thresholds) > 16:
             raise UsageError("at most 16 IoU thresholds, the PR curve's included")
-    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol
+    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol, native
 
 
 def check_coco_source(name: str, source) -> None:
@@ -105,16 +114,27 @@ def check_coco_source(name: str, source) -> None:
                              "is not a COCO instances file.")
 
 
+def check_native_source(name: str, source) -> None:
+    """Native rows: JSONL or Parquet files whose rows carry datum_uid and annotations."""
+    from transforms.io import InputError, preflight
+
+    for path in source.files:
+        if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
+            raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file; the ground "
+                             "truth is native rows, so every input must be.")
+    preflight(source, None, ("datum_uid", "annotations"), [])
+
+
 def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, folder, quiet,
-                   started, run_info, max_rejected_fraction, protocol):
+                   started, run_info, max_rejected_fraction, protocol, native):
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
-    from transforms.detection import EvaluateCocoFiles
+    from transforms.detection import EvaluateDetectionFiles
     from transforms.io import WriteJsonl, finalize_run
 
-    metrics, rejected, stats = pipeline | "Detection" >> EvaluateCocoFiles(
-        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol)
+    metrics, rejected, stats = pipeline | "Detection" >> EvaluateDetectionFiles(
+        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol, native)
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     _ = (stats
@@ -143,19 +163,25 @@ def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.time()
     try:
-        args, models, slices, beam_args, protocol = parse_args(argv)
+        args, models, slices, beam_args, protocol, native = parse_args(argv)
     except UsageError as error:
         say_error(str(error))
         return EXIT_USAGE
 
     def build(pipeline, sources, num_shards, folder, run_info):
         build_pipeline(pipeline, sources, models, slices, args.iou_type, num_shards, folder,
-                       args.quiet, started, run_info, args.max_rejected_fraction, protocol)
+                       args.quiet, started, run_info, args.max_rejected_fraction, protocol, native)
 
     def summarize(metrics_path, counts):
         from pipelines.summary import detection_summary
 
         return detection_summary(metrics_path, counts)
+
+    def check_source(name, source):
+        if native:
+            check_native_source(name, source)
+        else:
+            check_coco_source(name, source)
 
     return run_job(TASK, args, models, slices, beam_args,
                    {"iou_type": args.iou_type, "protocol": protocol.name,
@@ -164,7 +190,7 @@ def run(argv: list[str] | None = None) -> int:
                         "pr_curve_thresholds": list(protocol.pr_curve_thresholds),
                         "pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}
                        if protocol.name == "valor" else {})},
-                   check_coco_source, build, summarize, started)
+                   check_source, build, summarize, started)
 
 
 def main() -> None:

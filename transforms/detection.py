@@ -19,6 +19,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas.coco import to_rle
 from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
+from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
+from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, Progress
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
@@ -58,6 +60,11 @@ def _take_images(images: ImageRows, index: np.ndarray) -> ImageRows:
     return ImageRows(images.image_id[index], images.height[index], images.width[index],
                      {k: [v[i] for i in index] for k, v in images.slices.items()},
                      images.position[index])
+
+
+def _concat_rows(parts: list[RowIndex]) -> RowIndex:
+    return RowIndex(np.concatenate([p.image_id for p in parts]), sum((p.uid for p in parts), []),
+                    np.concatenate([p.position for p in parts]))
 
 
 def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
@@ -179,6 +186,90 @@ class Protocol:
 COCO = Protocol()
 
 
+class ReadNativeFile(beam.DoFn):
+    """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
+
+    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
+    (True, BoxRows, RowIndex))). TAG_CATEGORIES: the set of labels seen."""
+
+    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        self.sources = sources
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        rows, positions, rejected = _parse_rows(path)
+        scored = name != GROUNDTRUTHS
+        where = position_name(path)
+        first, boxes, bad = native_rows(rows, positions, scored, self.slice_keys if not scored else [])
+        for position, uid, reason in rejected + bad:
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, labels_of(rows))
+        row_parts = _split(image_shards(first.image_id, self.num_shards), self.num_shards)
+        box_parts = _split(image_shards(boxes.image_id, self.num_shards), self.num_shards)
+        empty = np.zeros(0, np.int64)
+        for shard in sorted(set(row_parts) | set(box_parts)):
+            index, box_index = row_parts.get(shard, empty), box_parts.get(shard, empty)
+            if scored:
+                yield shard, (name, (True, boxes.take(box_index), first.take(index)))
+            else:
+                yield shard, (name, (_take_images(first, index), boxes.take(box_index)))
+        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+
+
+def _parse_rows(path: str):
+    """(rows, positions, [(position, None, reason)]) of a JSONL or Parquet file."""
+    rows, positions, rejected = [], [], []
+    with FileSystems.open(path) as stream:
+        if format_of(path) == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(stream)
+            rows = table.to_pylist()
+            return rows, list(range(len(rows))), []
+        for number, raw in enumerate(stream.read().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                rows.append(json.loads(raw))
+                positions.append(number)
+            except ValueError as error:
+                rejected.append((number, None, f"malformed JSON: {error}"))
+    return rows, positions, rejected
+
+
+def category_table(labels: set) -> dict:
+    """{"id": sorted label ids, "name": labels in the same order} for native rows."""
+    names = sorted(labels)
+    ids = stable_id(names) if names else np.zeros(0, np.int64)
+    order = np.argsort(ids)
+    return {"id": ids[order].tolist(), "name": [names[i] for i in order]}
+
+
+class LabelUnion(beam.CombineFn):
+    def create_accumulator(self):
+        return set()
+
+    def add_input(self, acc, labels):
+        acc.update(labels)
+        return acc
+
+    def merge_accumulators(self, accs):
+        return set().union(*accs)
+
+    def extract_output(self, acc):
+        return category_table(acc)
+
+
 def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.ndarray,
                 iou_type: str, area_from_bbox: bool, protocol: Protocol = COCO) -> CocoState:
     """CocoState of the given images (gts and dts must belong to them)."""
@@ -210,8 +301,10 @@ class MatchDetections(beam.DoFn):
     """(shard, pieces) -> ((model, slice JSON), CocoState) per model and slice; rejects
     detections whose image or category the ground truth does not have."""
 
-    def __init__(self, models, slice_specs, iou_type, files, quiet, started, protocol=COCO):
+    def __init__(self, models, slice_specs, iou_type, files, quiet, started, protocol=COCO,
+                 native: bool = False):
         self.protocol = protocol
+        self.native = native
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.iou_type = iou_type
@@ -222,17 +315,62 @@ class MatchDetections(beam.DoFn):
     def setup(self):
         self.progress = Progress(self.quiet, self.started)
 
+    def _reject_rows(self, source, index: RowIndex, where, reason_of):
+        path = self.files[source][0] if self.files.get(source) else source
+        for i in where:
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
+                source, path, int(index.position[i]), reason_of(i), index.uid[i],
+                position_name(path)))
+
+    def _native_groundtruth(self, images: ImageRows, gts: BoxRows):
+        """Reject every copy of a datum_uid that appears more than once (native rows)."""
+        _, inverse, counts = np.unique(images.image_id, return_inverse=True, return_counts=True)
+        repeated = np.flatnonzero(counts[inverse] > 1)
+        if repeated.size:
+            index = RowIndex(images.image_id, [None] * images.image_id.size, images.position)
+            times = counts[inverse]
+            outputs = list(self._reject_rows(GROUNDTRUTHS, index, repeated,
+                                             lambda i: f"datum_uid appears {times[i]} times in groundtruths"))
+            keep = np.flatnonzero(counts[inverse] == 1)
+            dropped = images.image_id[repeated]
+            images = _take_images(images, keep)
+            gts = gts.take(np.flatnonzero(~np.isin(gts.image_id, dropped)))
+        else:
+            outputs = []
+        return images, gts, outputs, repeated.size
+
     def process(self, element, categories):
         shard, pieces = element
         category_id = np.array(categories["id"], dtype=np.int64)
         gt_pieces = [p for source, p in pieces if source == GROUNDTRUTHS]
         images = _concat_images([p[0] for p in gt_pieces]) if gt_pieces else None
         gts = _concat_boxes([p[1] for p in gt_pieces]) if gt_pieces else None
+        if self.native and images is not None:
+            images, gts, outputs, n_dropped = self._native_groundtruth(images, gts)
+            yield from outputs
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), images.image_id.size))
         groups = self._slice_groups(images) if images is not None else []
         for model in self.models:
             parts = [p for source, p in pieces if source == model]
             if not parts:
                 dts = None
+            elif self.native:
+                area_from_bbox = True
+                dts = _concat_boxes([p[1] for p in parts])
+                rows = _concat_rows([p[2] for p in parts])
+                _, inverse, counts = np.unique(rows.image_id, return_inverse=True, return_counts=True)
+                repeated = counts[inverse] > 1
+                known = (np.isin(rows.image_id, images.image_id) if images is not None
+                         else np.zeros(rows.image_id.size, bool))
+                yield from self._reject_rows(model, rows, np.flatnonzero(repeated), lambda i: (
+                    f"datum_uid appears {counts[inverse][i]} times in the predictions of {model}"))
+                yield from self._reject_rows(model, rows, np.flatnonzero(~repeated & ~known),
+                                             lambda i: "no valid ground truth for this datum_uid")
+                ok = ~repeated & known
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
+                dts = dts.take(np.flatnonzero(np.isin(dts.image_id, rows.image_id[ok])))
             else:
                 area_from_bbox = parts[0][0]
                 dts = _concat_boxes([p[1] for p in parts])
@@ -377,13 +515,14 @@ def _counts(tp_fp_fn) -> dict:
             "recall": ratio(tp, tp + fn), "f1_score": ratio(2 * tp, 2 * tp + fp + fn)}
 
 
-class EvaluateCocoFiles(beam.PTransform):
-    """COCO files (Sources) -> (metric records, rejects, stats)."""
+class EvaluateDetectionFiles(beam.PTransform):
+    """COCO files or native rows (Sources) -> (metric records, rejects, stats)."""
 
     def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started,
-                 protocol: Protocol = COCO):
+                 protocol: Protocol = COCO, native: bool = False):
         super().__init__()
         self.protocol = protocol
+        self.native = native
         self.sources = sources
         self.models = models
         self.slices = slices
@@ -399,17 +538,24 @@ class EvaluateCocoFiles(beam.PTransform):
         read = (pbegin
                 | "Files" >> beam.Create(files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(ReadCocoFile(self.sources, self.iou_type, slice_keys,
-                                                    self.num_shards, self.quiet, self.started))
+                | "Read" >> beam.ParDo(
+                    ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started)
+                    if self.native else
+                    ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
+                                 self.quiet, self.started))
                 .with_output_types(SHARD_PIECE)
                 .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
-        categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
+        if self.native:  # labels of ground truths and predictions alike
+            categories = beam.pvalue.AsSingleton(
+                read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
+        else:  # the categories of the instances file
+            categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
         matched = (read.pieces
                    | "GroupByShard" >> beam.GroupByKey()
                    | "Match" >> beam.ParDo(MatchDetections(
                        self.models, self.slices, self.iou_type,
                        {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
-                       self.protocol),
+                       self.protocol, self.native),
                        categories)
                    .with_output_types(PARTIAL)
                    .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))

@@ -73,6 +73,14 @@ def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: lis
     for path in source.files:
         try:
             with FileSystems.open(path) as stream:
+                if format_of(path) == "parquet" and schema is None:
+                    import pyarrow.parquet as pq
+
+                    names = pq.ParquetFile(stream).schema_arrow.names
+                    missing = [f for f in required if f not in names]
+                    if missing:
+                        raise TypeError(f"missing column(s) {missing}; the file has {names}")
+                    continue
                 if format_of(path) == "parquet":
                     next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
                     continue

@@ -1,0 +1,154 @@
+"""Native detection rows (JSONL/Parquet, boxes): same numbers as the COCO files they mirror,
+bad rows rejected with their line, Parquet equal to JSONL."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+
+
+def run_detection(*args) -> int:
+    from pipelines.detection import run
+
+    return run([str(a) for a in args])
+
+
+def make_dataset(seed: int):
+    """COCO dicts with integer boxes (exact xyxy <-> xywh) and distinct scores (no ties, so
+    the order of datums cannot matter), plus the same data as native rows."""
+    rng = np.random.default_rng(seed)
+    labels = ["cat", "dog", "bird", "fish", "cow"]
+    images, anns, results, gt_rows, pred_rows = [], [], [], [], []
+    scores = iter(rng.permutation(10_000)[:5000] / 10_000 + 1e-5)
+    for image_id in range(1, 31):
+        images.append({"id": image_id, "height": 200, "width": 200})
+        gt_row = {"datum_uid": f"img-{image_id:03d}", "metadata": {"site": "ab"[image_id % 2]},
+                  "annotations": []}
+        pred_row = {"datum_uid": gt_row["datum_uid"], "annotations": []}
+        for _ in range(int(rng.integers(0, 6))):
+            x, y = (int(v) for v in rng.integers(0, 150, 2))
+            w, h = (int(v) for v in rng.integers(4, 50, 2))
+            label = int(rng.integers(0, 4))           # "cow" is never ground truth
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": label + 1,
+                         "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+            gt_row["annotations"].append({"label": labels[label], "bbox": [x, y, x + w, y + h]})
+            for _ in range(int(rng.integers(0, 3))):   # jittered detections of this object
+                dx, dy = (int(v) for v in rng.integers(-6, 7, 2))
+                guess = label if rng.random() < 0.8 else int(rng.integers(0, 5))
+                score = float(next(scores))
+                box = [x + dx, y + dy, w, h]
+                results.append({"image_id": image_id, "category_id": guess + 1, "bbox": box, "score": score})
+                pred_row["annotations"].append({"label": labels[guess], "score": score,
+                                                "bbox": [box[0], box[1], box[0] + w, box[1] + h]})
+        for _ in range(int(rng.integers(0, 4))):       # random false positives
+            x, y = (int(v) for v in rng.integers(0, 150, 2))
+            guess, score = int(rng.integers(0, 5)), float(next(scores))
+            results.append({"image_id": image_id, "category_id": guess + 1, "bbox": [x, y, 20, 20],
+                            "score": score})
+            pred_row["annotations"].append({"label": labels[guess], "score": score,
+                                            "bbox": [x, y, x + 20, y + 20]})
+        gt_rows.append(gt_row)
+        pred_rows.append(pred_row)
+    coco = {"images": images, "annotations": anns,
+            "categories": [{"id": i + 1, "name": n} for i, n in enumerate(labels)]}
+    return coco, results, gt_rows, pred_rows
+
+
+def by_key(records):
+    return {(r["type"], json.dumps(r["parameters"], sort_keys=True), json.dumps(r["slice"])): r["value"]
+            for r in records}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_native_rows_give_the_numbers_of_the_same_coco_files(tmp_path, seed):
+    coco, results, gt_rows, pred_rows = make_dataset(seed)
+    (tmp_path / "gt.json").write_text(json.dumps(coco))
+    (tmp_path / "dt.json").write_text(json.dumps(results))
+    write_jsonl(tmp_path / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "m.jsonl", pred_rows)
+    common = ["--quiet", "--iou_thresholds", "0.5,0.75", "--score_thresholds", "0.3,0.6"]
+    assert run_detection("--groundtruths", tmp_path / "gt.json", "--predictions", f"m={tmp_path / 'dt.json'}",
+                         "--output", tmp_path / "coco", "--protocol", "valor", *common) == 0
+    assert run_detection("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "m.jsonl",
+                         "--output", tmp_path / "native", *common) == 0   # valor is the default
+    coco_records = by_key(read_jsonl(tmp_path / "coco" / "metrics.jsonl"))
+    native_records = by_key(read_jsonl(tmp_path / "native" / "metrics.jsonl"))
+    assert set(coco_records) == set(native_records)
+    for key, value in coco_records.items():
+        if isinstance(value, dict):
+            assert native_records[key] == value, key
+        else:  # means over labels may add in another order
+            assert native_records[key] == pytest.approx(value, abs=1e-12), key
+    ap = {k: v for k, v in native_records.items() if k[0] == "AP"}
+    assert any(v > 0 for v in ap.values())
+    assert native_records[("AP", json.dumps({"iou_threshold": 0.5, "label": "cow"}, sort_keys=True), "{}")] == 0.0
+
+
+def test_native_parquet_slices_and_multiprocess(tmp_path):
+    _, _, gt_rows, pred_rows = make_dataset(3)
+    write_jsonl(tmp_path / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "m.jsonl", pred_rows)
+    pq.write_table(pa.Table.from_pylist(gt_rows), tmp_path / "gt.parquet")
+    pq.write_table(pa.Table.from_pylist(pred_rows), tmp_path / "m.parquet")
+    outputs = []
+    for name, gt, pred, extra in [("a", "gt.jsonl", "m.jsonl", ["--num_shards", "1"]),
+                                  ("b", "gt.parquet", "m.parquet", ["--num_shards", "5"]),
+                                  ("c", "gt.jsonl", "m.jsonl", ["--num_shards", "3", *MULTIPROCESS])]:
+        assert run_detection("--groundtruths", tmp_path / gt, "--predictions", f"m={tmp_path / pred}",
+                             "--output", tmp_path / name, "--quiet", "--slice", "site",
+                             "--iou_thresholds", "0.5", *extra) == 0
+        outputs.append((tmp_path / name / "metrics.jsonl").read_bytes())
+    assert outputs[0] == outputs[1] == outputs[2]
+    slices = {json.dumps(r["slice"]) for r in read_jsonl(tmp_path / "a" / "metrics.jsonl")}
+    assert slices == {"{}", '{"site": "a"}', '{"site": "b"}'}
+
+
+def test_bad_native_rows(tmp_path):
+    gt = [
+        {"datum_uid": "a", "annotations": [{"label": "cat", "bbox": [0, 0, 10, 10]}]},
+        "{broken",
+        {"datum_uid": "", "annotations": []},
+        {"datum_uid": "b", "annotations": [{"label": "cat", "bbox": [10, 0, 5, 10]}]},
+        {"datum_uid": "c", "annotations": [{"label": "cat", "polygon": [[0, 0], [1, 0], [1, 1]]}]},
+        {"datum_uid": "d", "annotations": [{"bbox": [0, 0, 1, 1]}]},
+        {"datum_uid": "e", "annotations": [{"label": "cat", "bbox": [0, 0, 10, 10]}]},
+        {"datum_uid": "e", "annotations": []},
+        {"datum_uid": "f"},
+    ]
+    preds = [
+        {"datum_uid": "a", "annotations": [{"label": "cat", "score": 0.9, "bbox": [0, 0, 10, 10]}]},
+        {"datum_uid": "a2", "annotations": [{"label": "cat", "score": 0.9, "bbox": [0, 0, 10, 10]}]},
+        {"datum_uid": "a", "annotations": [{"label": "cat", "score": 1.2, "bbox": [0, 0, 10, 10]}]},
+        {"datum_uid": "e", "annotations": []},
+    ]
+    write_jsonl(tmp_path / "gt.jsonl", gt)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    code = run_detection("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "m.jsonl",
+                         "--output", tmp_path / "out", "--quiet")
+    assert code == 1
+    found = sorted((r["source"], r["line"], r["reason"]) for r in read_jsonl(tmp_path / "out" / "rejected.jsonl"))
+    assert found == [
+        ("groundtruths", 2, "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        ("groundtruths", 3, "missing or empty datum_uid"),
+        ("groundtruths", 4, "bbox has xmax < xmin or ymax < ymin"),
+        ("groundtruths", 5, "polygon and raster annotations are not supported yet (bbox only)"),
+        ("groundtruths", 6, "annotation without label"),
+        ("groundtruths", 7, "datum_uid appears 2 times in groundtruths"),
+        ("groundtruths", 8, "datum_uid appears 2 times in groundtruths"),
+        ("groundtruths", 9, "missing annotations"),
+        ("m", 2, "no valid ground truth for this datum_uid"),
+        ("m", 3, "score 1.2 is not a number in [0, 1]"),
+        ("m", 4, "no valid ground truth for this datum_uid"),
+    ]
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert info["counts"] == {"groundtruths": {"rows_read": 9, "rows_evaluated": 1, "rows_rejected": 8},
+                              "m": {"rows_read": 4, "rows_evaluated": 1, "rows_rejected": 3}}
+    ap = [r for r in read_jsonl(tmp_path / "out" / "metrics.jsonl") if r["type"] == "AP"]
+    # the one valid detection is exact: AP is 1 up to the eps of pycocotools' precision formula
+    assert ap and all(r["value"] == pytest.approx(1.0, abs=1e-12) for r in ap)
