@@ -20,7 +20,7 @@ from schemas.classification import LabelRows, validate, vocabulary
 from schemas.formats import dict_rows_table, position_name
 from schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
                           reject)
-from transforms.io import TAG_REJECTED, TAG_STATS, TAG_VOCAB, Progress, ReadRows
+from transforms.io import TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadRows
 from transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
                                                key_metrics, match_key)
 
@@ -102,7 +102,7 @@ def slice_groups(gt: LabelRows, slice_specs: list[tuple[str, ...]]) -> list[tupl
     return groups
 
 
-class MatchShard(beam.DoFn):
+class MatchShard(ProgressDoFn):
     """(shard, [(source, rows), ...]) -> ((model, slice JSON), {label key: KeyState}).
 
     Rejects here what only the whole shard can show: a datum_uid repeated within one source
@@ -111,16 +111,15 @@ class MatchShard(beam.DoFn):
 
     def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
                  files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int):
+        super().__init__(quiet, started)
         self.config = config
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.files = files
-        self.quiet = quiet
-        self.started = started
         self.num_shards = num_shards
 
     def setup(self):
-        self.progress = Progress(self.quiet, self.started)
+        super().setup()
         self.matched = 0
 
     def _reject(self, source, rows: LabelRows, index, reason_of):

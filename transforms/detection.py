@@ -22,7 +22,7 @@ from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
 from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, Progress
+from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
                                           accumulate, coco_state, pair_box_iou, summarize,
                                           valor_counts, valor_metrics)
@@ -76,7 +76,7 @@ def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
         np.concatenate([p.position for p in parts]))
 
 
-class ReadCocoFile(beam.DoFn):
+class ReadCocoFile(ProgressDoFn):
     """(source name, file id) -> shard pieces of one COCO file.
 
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))) and the categories as
@@ -85,15 +85,11 @@ class ReadCocoFile(beam.DoFn):
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
                  quiet: bool, started: float):
+        super().__init__(quiet, started)
         self.sources = sources
         self.iou_type = iou_type
         self.slice_keys = slice_keys
         self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
-
-    def setup(self):
-        self.progress = Progress(self.quiet, self.started)
 
     def _rejects(self, name, path, bad, what=""):
         for position, reason in bad:
@@ -186,21 +182,17 @@ class Protocol:
 COCO = Protocol()
 
 
-class ReadNativeFile(beam.DoFn):
+class ReadNativeFile(ProgressDoFn):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
 
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
     (True, BoxRows, RowIndex))). TAG_CATEGORIES: the set of labels seen."""
 
     def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        super().__init__(quiet, started)
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
-
-    def setup(self):
-        self.progress = Progress(self.quiet, self.started)
 
     def process(self, element):
         name, file_id = element
@@ -297,23 +289,19 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
                       pair_iou, **protocol.options)
 
 
-class MatchDetections(beam.DoFn):
+class MatchDetections(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), CocoState) per model and slice; rejects
     detections whose image or category the ground truth does not have."""
 
     def __init__(self, models, slice_specs, iou_type, files, quiet, started, protocol=COCO,
                  native: bool = False):
+        super().__init__(quiet, started)
         self.protocol = protocol
         self.native = native
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.iou_type = iou_type
         self.files = files
-        self.quiet = quiet
-        self.started = started
-
-    def setup(self):
-        self.progress = Progress(self.quiet, self.started)
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
         path = self.files[source][0] if self.files.get(source) else source

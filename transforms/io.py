@@ -127,7 +127,20 @@ class Progress:
             print(f"evalbeam: {text} ({now - self.started:.1f} s)", file=sys.stderr, flush=True)
 
 
-class ReadRows(beam.DoFn):
+class ProgressDoFn(beam.DoFn):
+    """A DoFn that reports progress on stderr: quiet and the run's start time are settings, the
+    Progress object is made per worker in setup()."""
+
+    def __init__(self, quiet: bool, started: float):
+        super().__init__()
+        self.quiet = quiet
+        self.started = started
+
+    def setup(self):
+        self.progress = Progress(self.quiet, self.started)
+
+
+class ReadRows(ProgressDoFn):
     """(source name, file id) -> validated rows split by shard.
 
     Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
@@ -137,17 +150,13 @@ class ReadRows(beam.DoFn):
 
     def __init__(self, sources: dict[str, Source], schemas: dict, validate, vocabulary,
                  slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        super().__init__(quiet, started)
         self.sources = sources
         self.schemas = schemas
         self.validate = validate
         self.vocabulary = vocabulary
         self.slice_keys = slice_keys
         self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
-
-    def setup(self):
-        self.progress = Progress(self.quiet, self.started)
 
     def process(self, element):
         name, file_id = element
