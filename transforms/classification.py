@@ -20,13 +20,13 @@ from schemas.classification import LabelRows, validate, vocabulary
 from schemas.formats import dict_rows_table, position_name
 from schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
                           reject)
-from transforms.io import TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadRows
+from transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadFiles,
+                           ReadRows)
 from transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
                                                key_metrics, match_key)
 
 GROUNDTRUTHS = "groundtruths"
-# Output types of the DoFns that also emit tagged outputs (Beam cannot infer them).
-SHARD_PIECE = typing.Tuple[int, typing.Any]
+# Output type of MatchShard, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -397,16 +397,10 @@ class ReadClassificationFiles(beam.PTransform):
         self.started = started
 
     def expand(self, pbegin):
-        files = [(name, i) for name, source in sorted(self.sources.items())
-                 for i in range(len(source.files))]
         schemas = {name: schema_of(name) for name in self.sources}
-        read = (pbegin
-                | "Files" >> beam.Create(files)
-                | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(ReadRows(
-                    self.sources, schemas, validate_table, vocabulary, self.slice_keys,
-                    self.num_shards, self.quiet, self.started))
-                .with_output_types(SHARD_PIECE).with_outputs(
-                        TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
+        reader = ReadRows(self.sources, schemas, validate_table, vocabulary, self.slice_keys,
+                          self.num_shards, self.quiet, self.started)
+        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
+                                                 (TAG_REJECTED, TAG_STATS, TAG_VOCAB))
         vocab = read[TAG_VOCAB] | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn())
         return read.pieces, vocab, read[TAG_REJECTED], read[TAG_STATS]

@@ -22,7 +22,7 @@ from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
 from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn
+from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
                                           accumulate, coco_state, pair_box_iou, summarize,
                                           valor_counts, valor_metrics)
@@ -31,7 +31,6 @@ from transforms.kernels.masks import pair_mask_iou
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
-SHARD_PIECE = typing.Tuple[int, typing.Any]
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -520,19 +519,13 @@ class EvaluateDetectionFiles(beam.PTransform):
         self.started = started
 
     def expand(self, pbegin):
-        files = [(name, i) for name, source in sorted(self.sources.items())
-                 for i in range(len(source.files))]
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        read = (pbegin
-                | "Files" >> beam.Create(files)
-                | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(
-                    ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started)
-                    if self.native else
-                    ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
-                                 self.quiet, self.started))
-                .with_output_types(SHARD_PIECE)
-                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
+        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started)
+                  if self.native else
+                  ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
+                               self.quiet, self.started))
+        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
+                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import typing
 import uuid
 from dataclasses import dataclass
 
@@ -190,6 +191,29 @@ class ReadRows(ProgressDoFn):
                     yield shard, (name, piece)
                 self.progress.say(path, f"read {read:,} rows of {path}")
         self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
+
+
+SHARD_PIECE = typing.Tuple[int, typing.Any]
+
+
+class ReadFiles(beam.PTransform):
+    """Every file of every source, read by `reader` (a DoFn of (source name, file id)): the
+    main output "pieces" of (shard, (source, rows)) and the reader's tagged outputs."""
+
+    def __init__(self, sources: dict, reader: beam.DoFn, tags: tuple[str, ...]):
+        super().__init__()
+        self.sources = sources
+        self.reader = reader
+        self.tags = tags
+
+    def expand(self, pbegin):
+        files = [(name, i) for name, source in sorted(self.sources.items())
+                 for i in range(len(source.files))]
+        return (pbegin
+                | "Files" >> beam.Create(files)
+                | "Spread" >> beam.Reshuffle()  # lets a cluster read different files at once
+                | "Read" >> beam.ParDo(self.reader).with_output_types(SHARD_PIECE)
+                .with_outputs(*self.tags, main="pieces"))
 
 
 class WriteJsonl(beam.PTransform):
