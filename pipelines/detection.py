@@ -23,10 +23,11 @@ TASK = "detection"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate object detections of one or more models against ground truth with "
-                    "the COCO protocol (pycocotools' numbers). Options not listed here are "
-                    "passed to Beam.")
-    add_input_arguments(parser, "a COCO instances JSON; predictions are COCO results JSON")
+        description="Evaluate object detections of one or more models against ground truth, with "
+                    "the COCO protocol (pycocotools' numbers) or the Valor protocol. Options not "
+                    "listed here are passed to Beam.")
+    add_input_arguments(parser, "a COCO instances .json with COCO results .json predictions, or "
+                                "native .jsonl/.parquet rows for both")
     add_common_arguments(parser)
     parser.add_argument("--iou_type", choices=("bbox", "segm"), default="bbox",
                         help="geometry compared: boxes or segmentation masks (default bbox)")
