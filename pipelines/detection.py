@@ -119,10 +119,6 @@ def check_native_source(name: str, source) -> None:
     """Native rows: JSONL or Parquet files whose rows carry datum_uid and annotations."""
     from transforms.io import InputError, preflight
 
-    if len(source.files) != 1:
-        # rejected rows found in the shards name their file by the source's single file
-        raise InputError(f"{source.pattern!r} matches {len(source.files)} files; native detection "
-                         f"rows of {name} must be one file for now.")
     for path in source.files:
         if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
             raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file; the ground "

@@ -46,13 +46,19 @@ def _segmentation_problem(seg) -> str | None:
 @dataclass
 class ImageRows:
     """Images of a ground-truth file: id int64[I], height and width int64[I], slice values
-    {key: list of canonical JSON str}, position int64[I] (index in "images")."""
+    {key: list of canonical JSON str}, position int64[I] (index in "images", or line/row of a
+    native row), file_id int32[I] (index in the source's files)."""
 
     image_id: np.ndarray
     height: np.ndarray
     width: np.ndarray
     slices: dict
     position: np.ndarray
+    file_id: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.file_id is None:
+            self.file_id = np.zeros(self.image_id.size, dtype=np.int32)
 
 
 @dataclass

@@ -24,15 +24,17 @@ from transforms.kernels.hashing import fnv1a_64
 @dataclass
 class RowIndex:
     """The rows of a prediction file: image_id int64[n] (hash of datum_uid), uid list,
-    position int64[n] (line or row number)."""
+    position int64[n] (line or row number), file_id int32[n] (index in the source's files)."""
 
     image_id: np.ndarray
     uid: list
     position: np.ndarray
+    file_id: np.ndarray
 
     def take(self, index) -> "RowIndex":
         index = np.asarray(index, dtype=np.int64)
-        return RowIndex(self.image_id[index], [self.uid[i] for i in index], self.position[index])
+        return RowIndex(self.image_id[index], [self.uid[i] for i in index], self.position[index],
+                        self.file_id[index])
 
 
 def stable_id(texts: list[str]) -> np.ndarray:
@@ -64,7 +66,7 @@ def _annotation_problem(ann, scored: bool) -> str | None:
     return None
 
 
-def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]):
+def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str], file_id: int = 0):
     """(ImageRows or RowIndex, BoxRows, [(position, uid, reason)]) from parsed rows.
 
     Ground truth (scored=False) gives ImageRows (one image per datum, slice values from
@@ -106,7 +108,7 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
         position=position[owner] if owner.size else np.zeros(0, np.int64),
     )
     if scored:
-        return RowIndex(image_id, uids, position), box_rows, bad
+        return RowIndex(image_id, uids, position, np.full(len(good), file_id, np.int32)), box_rows, bad
 
     def meta(row, key):
         m = row.get("metadata")
@@ -115,7 +117,7 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
     images = ImageRows(image_id=image_id, height=np.zeros(len(good), np.int64),
                        width=np.zeros(len(good), np.int64),
                        slices={k: [canonical_json(meta(row, k)) for row, _ in good] for k in slice_keys},
-                       position=position)
+                       position=position, file_id=np.full(len(good), file_id, np.int32))
     return images, box_rows, bad
 
 

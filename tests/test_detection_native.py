@@ -152,3 +152,28 @@ def test_bad_native_rows(tmp_path):
     ap = [r for r in read_jsonl(tmp_path / "out" / "metrics.jsonl") if r["type"] == "AP"]
     # the one valid detection is exact: AP is 1 up to the eps of pycocotools' precision formula
     assert ap and all(r["value"] == pytest.approx(1.0, abs=1e-12) for r in ap)
+
+
+def test_native_globs_and_rejects_name_their_file(tmp_path):
+    _, _, gt_rows, pred_rows = make_dataset(4)
+    write_jsonl(tmp_path / "one" / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "one" / "m.jsonl", pred_rows)
+    assert run_detection("--groundtruths", tmp_path / "one" / "gt.jsonl", "--predictions",
+                         tmp_path / "one" / "m.jsonl", "--output", tmp_path / "a", "--quiet",
+                         "--iou_thresholds", "0.5") == 0
+    # the same rows over two files each, plus a repeated datum and an orphan prediction in file 2
+    write_jsonl(tmp_path / "two" / "gt-1.jsonl", gt_rows[:12])
+    write_jsonl(tmp_path / "two" / "gt-2.jsonl", gt_rows[12:] + [{"datum_uid": "dup", "annotations": []},
+                                                                 {"datum_uid": "dup", "annotations": []}])
+    write_jsonl(tmp_path / "two" / "m-1.jsonl", pred_rows[:20])
+    write_jsonl(tmp_path / "two" / "m-2.jsonl", pred_rows[20:] + [{"datum_uid": "nowhere", "annotations": []}])
+    code = run_detection("--groundtruths", tmp_path / "two" / "gt-*.jsonl", "--predictions",
+                         f"m={tmp_path / 'two' / 'm-*.jsonl'}", "--output", tmp_path / "b", "--quiet",
+                         "--iou_thresholds", "0.5", "--max_rejected_fraction", "0.1")
+    assert code == 0
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+    found = sorted((r["file"].rsplit("/", 1)[-1], r["line"], r["reason"])
+                   for r in read_jsonl(tmp_path / "b" / "rejected.jsonl"))
+    assert found == [("gt-2.jsonl", 19, "datum_uid appears 2 times in groundtruths"),
+                     ("gt-2.jsonl", 20, "datum_uid appears 2 times in groundtruths"),
+                     ("m-2.jsonl", 11, "no valid ground truth for this datum_uid")]

@@ -52,18 +52,19 @@ def _concat_images(parts: list[ImageRows]) -> ImageRows:
         np.concatenate([p.image_id for p in parts]), np.concatenate([p.height for p in parts]),
         np.concatenate([p.width for p in parts]),
         {k: sum((p.slices[k] for p in parts), []) for k in parts[0].slices},
-        np.concatenate([p.position for p in parts]))
+        np.concatenate([p.position for p in parts]), np.concatenate([p.file_id for p in parts]))
 
 
 def _take_images(images: ImageRows, index: np.ndarray) -> ImageRows:
     return ImageRows(images.image_id[index], images.height[index], images.width[index],
                      {k: [v[i] for i in index] for k, v in images.slices.items()},
-                     images.position[index])
+                     images.position[index], images.file_id[index])
 
 
 def _concat_rows(parts: list[RowIndex]) -> RowIndex:
     return RowIndex(np.concatenate([p.image_id for p in parts]), sum((p.uid for p in parts), []),
-                    np.concatenate([p.position for p in parts]))
+                    np.concatenate([p.position for p in parts]),
+                    np.concatenate([p.file_id for p in parts]))
 
 
 def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
@@ -199,7 +200,8 @@ class ReadNativeFile(ProgressDoFn):
         rows, positions, rejected = _parse_rows(path)
         scored = name != GROUNDTRUTHS
         where = position_name(path)
-        first, boxes, bad = native_rows(rows, positions, scored, self.slice_keys if not scored else [])
+        first, boxes, bad = native_rows(rows, positions, scored,
+                                        self.slice_keys if not scored else [], file_id)
         for position, uid, reason in rejected + bad:
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
@@ -303,8 +305,9 @@ class MatchDetections(ProgressDoFn):
         self.files = files
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
-        path = self.files[source][0] if self.files.get(source) else source
+        files = self.files.get(source) or (source,)
         for i in where:
+            path = files[int(index.file_id[i])]
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
                 source, path, int(index.position[i]), reason_of(i), index.uid[i],
                 position_name(path)))
@@ -314,7 +317,8 @@ class MatchDetections(ProgressDoFn):
         _, inverse, counts = np.unique(images.image_id, return_inverse=True, return_counts=True)
         repeated = np.flatnonzero(counts[inverse] > 1)
         if repeated.size:
-            index = RowIndex(images.image_id, [None] * images.image_id.size, images.position)
+            index = RowIndex(images.image_id, [None] * images.image_id.size, images.position,
+                             images.file_id)
             times = counts[inverse]
             outputs = list(self._reject_rows(GROUNDTRUTHS, index, repeated,
                                              lambda i: f"datum_uid appears {times[i]} times in groundtruths"))
