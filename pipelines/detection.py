@@ -59,8 +59,9 @@ def parse_args(argv: list[str]):
               and not args.groundtruths.lower().endswith(".json"))
     if args.protocol is None:
         args.protocol = "valor" if native else "coco"
-    if native and args.iou_type == "segm":
-        raise UsageError("native detection rows carry boxes only so far: use --iou_type bbox")
+    if native and args.iou_type == "segm" and args.protocol == "coco":
+        raise UsageError("the coco protocol rasterises masks with each image's size, which native "
+                         "rows do not carry: use --protocol valor (exact polygon IoU) or COCO files")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "

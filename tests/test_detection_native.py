@@ -137,7 +137,7 @@ def test_bad_native_rows(tmp_path):
         ("groundtruths", 2, "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
         ("groundtruths", 3, "missing or empty datum_uid"),
         ("groundtruths", 4, "bbox has xmax < xmin or ymax < ymin"),
-        ("groundtruths", 5, "polygon and raster annotations are not supported yet (bbox only)"),
+        ("groundtruths", 5, "this annotation has no bbox: evaluate polygons with --iou_type segm"),
         ("groundtruths", 6, "annotation without label"),
         ("groundtruths", 7, "datum_uid appears 2 times in groundtruths"),
         ("groundtruths", 8, "datum_uid appears 2 times in groundtruths"),
@@ -177,3 +177,55 @@ def test_native_globs_and_rejects_name_their_file(tmp_path):
     assert found == [("gt-2.jsonl", 19, "datum_uid appears 2 times in groundtruths"),
                      ("gt-2.jsonl", 20, "datum_uid appears 2 times in groundtruths"),
                      ("m-2.jsonl", 11, "no valid ground truth for this datum_uid")]
+
+
+def rectangles_as_polygons(rows):
+    out = json.loads(json.dumps(rows))
+    for row in out:
+        for ann in row["annotations"]:
+            x1, y1, x2, y2 = ann.pop("bbox")
+            ann["polygon"] = [[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+    return out
+
+
+def test_rectangle_polygons_give_the_box_numbers(tmp_path):
+    """Polygons are compared by exact area (shapely): rectangles must give the boxes' numbers."""
+    _, _, gt_rows, pred_rows = make_dataset(5)
+    write_jsonl(tmp_path / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "m.jsonl", pred_rows)
+    write_jsonl(tmp_path / "gt-poly.jsonl", rectangles_as_polygons(gt_rows))
+    write_jsonl(tmp_path / "m-poly.jsonl", rectangles_as_polygons(pred_rows))
+    common = ["--quiet", "--iou_thresholds", "0.5,0.75", "--score_thresholds", "0.2"]
+    assert run_detection("--groundtruths", tmp_path / "gt.jsonl", "--predictions", f"m={tmp_path / 'm.jsonl'}",
+                         "--output", tmp_path / "box", *common) == 0
+    assert run_detection("--groundtruths", tmp_path / "gt-poly.jsonl", "--predictions",
+                         f"m={tmp_path / 'm-poly.jsonl'}", "--output", tmp_path / "poly",
+                         "--iou_type", "segm", *common) == 0
+    assert by_key(read_jsonl(tmp_path / "box" / "metrics.jsonl")) == by_key(
+        read_jsonl(tmp_path / "poly" / "metrics.jsonl"))
+
+
+def test_polygon_iou_by_hand_and_bad_polygons(tmp_path):
+    """Ground truth: the square (0,0)-(4,4); prediction: the triangle (0,0),(4,0),(0,4), area 8,
+    inside it: IoU = 8 / 16 = 0.5, a true positive at IoU 0.5 and a miss at 0.55."""
+    gt = [{"datum_uid": "a", "annotations": [{"label": "x", "polygon": [[0, 0], [4, 0], [4, 4], [0, 4]]}]},
+          {"datum_uid": "b", "annotations": [{"label": "x", "polygon": [[0, 0], [4, 4], [4, 0], [0, 4]]}]},
+          {"datum_uid": "c", "annotations": [{"label": "x", "polygon": [[0, 0], [1, 1]]}]},
+          {"datum_uid": "d", "annotations": [{"label": "x", "raster": {"size": [2, 2], "counts": "04"}}]}]
+    preds = [{"datum_uid": "a", "annotations": [{"label": "x", "score": 0.9,
+                                                 "polygon": [[0, 0], [4, 0], [0, 4]]}]}]
+    write_jsonl(tmp_path / "gt.jsonl", gt)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    code = run_detection("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "m.jsonl",
+                         "--output", tmp_path / "out", "--quiet", "--iou_type", "segm",
+                         "--iou_thresholds", "0.5,0.55", "--max_rejected_fraction", "0.8")
+    assert code == 0
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    ap = {r["parameters"]["iou_threshold"]: r["value"] for r in records if r["type"] == "AP"}
+    assert ap[0.5] == pytest.approx(1.0, abs=1e-12) and ap[0.55] == 0.0
+    reasons = sorted((r["line"], r["reason"]) for r in read_jsonl(tmp_path / "out" / "rejected.jsonl"))
+    assert reasons == [
+        (2, "polygon is not valid (it crosses itself or its rings overlap)"),
+        (3, "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"),
+        (4, "raster annotations are not supported in native rows yet"),
+    ]

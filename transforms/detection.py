@@ -27,7 +27,7 @@ from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_R
                                           accumulate, coco_state, pair_box_iou, summarize,
                                           valor_counts, valor_metrics)
 from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.masks import pair_mask_iou
+from transforms.kernels.masks import pair_mask_iou, pair_polygon_iou
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
@@ -188,8 +188,10 @@ class ReadNativeFile(ProgressDoFn):
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
     (True, BoxRows, RowIndex))). TAG_CATEGORIES: the set of labels seen."""
 
-    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
+                 iou_type: str = "bbox"):
         super().__init__(quiet, started)
+        self.geometry = "polygon" if iou_type == "segm" else "bbox"
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
@@ -201,7 +203,7 @@ class ReadNativeFile(ProgressDoFn):
         scored = name != GROUNDTRUTHS
         where = position_name(path)
         first, boxes, bad = native_rows(rows, positions, scored,
-                                        self.slice_keys if not scored else [], file_id)
+                                        self.slice_keys if not scored else [], file_id, self.geometry)
         for position, uid, reason in rejected + bad:
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
@@ -271,7 +273,12 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     gt_image = np.searchsorted(image_id, gts.image_id)
     dt_image = np.searchsorted(image_id, dts.image_id)
     crowd = gts.crowd if protocol.name == "coco" else np.zeros_like(gts.crowd)
-    if iou_type == "segm":
+    if iou_type == "segm" and gts.segmentation is not None and _are_shapes(gts.segmentation, dts.segmentation):
+        import shapely
+
+        dt_area = shapely.area(np.array(dts.segmentation, dtype=object)) if dts.segmentation else np.zeros(0)
+        pair_iou = pair_polygon_iou(dts.segmentation, gts.segmentation)
+    elif iou_type == "segm":
         from pycocotools import mask as mask_utils
 
         height, width = images.height[order], images.width[order]
@@ -288,6 +295,14 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
                       np.searchsorted(category_id, gts.category_id), gts.value, crowd,
                       dt_image, np.searchsorted(category_id, dts.category_id), dts.value, dt_area,
                       pair_iou, **protocol.options)
+
+
+def _are_shapes(*lists) -> bool:
+    """Whether segmentations are shapely geometries (native polygons) rather than COCO objects."""
+    for items in lists:
+        if items:
+            return not isinstance(items[0], (dict, list))
+    return False
 
 
 class MatchDetections(ProgressDoFn):
@@ -524,7 +539,8 @@ class EvaluateDetectionFiles(beam.PTransform):
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started)
+        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
+                                 self.iou_type)
                   if self.native else
                   ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
                                self.quiet, self.started))

@@ -24,3 +24,22 @@ def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):
             out[s:e] = np.asarray(values, dtype=np.float64).reshape(-1)
         return out
     return iou
+
+
+def pair_polygon_iou(dt_shapes: list, gt_shapes: list):
+    """pair_iou for shapely polygons: exact areas, intersection / union (0 for empty unions)."""
+    import shapely
+
+    dt = np.array(dt_shapes, dtype=object)
+    gt = np.array(gt_shapes, dtype=object)
+
+    def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        if not dt_index.size:
+            return np.zeros(0)
+        a, b = dt[dt_index], gt[gt_index]
+        inter = shapely.area(shapely.intersection(a, b))
+        union = shapely.area(a) + shapely.area(b) - inter
+        out = np.zeros(dt_index.size)
+        np.divide(inter, union, out=out, where=union > 0)
+        return out
+    return iou
