@@ -146,10 +146,6 @@ def default_num_shards(total_bytes: int) -> int:
     return max(2, min(256, -(-total_bytes // (64 << 20))))
 
 
-def now() -> float:
-    return time.time()
-
-
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
             task_options: dict, check_source, build, summarize, started: float) -> int:
     """Everything a task's launcher does around its pipeline.

@@ -1,24 +1,12 @@
-"""COCO files: an instances JSON (ground truth) and a results JSON (detections), as columns.
+"""COCO segmentations as compressed RLE, the form pycocotools' mask API compares.
 
-Follows what pycocotools does when it loads them:
-- images are ordered by id (pycocotools sorts image ids); categories by id;
-- ground-truth "area" is taken from the file (not recomputed), "iscrowd" marks crowd regions;
-- results: for bbox results (the first result has a non-empty "bbox"), area = w * h; otherwise
-  the area of the segmentation mask; a missing bbox of a segm result comes from the mask;
-- segmentation polygons (lists of [x1, y1, x2, y2, ...]) and uncompressed RLEs are converted to
-  compressed RLE with the image's height and width, as pycocotools' annToRLE does.
+Polygons (lists of [x1, y1, x2, y2, ...]) and uncompressed RLEs (crowd regions) are converted
+with the image's height and width, as pycocotools' annToRLE does; compressed RLEs pass through.
+How COCO files are read and validated is in schemas/coco_rows.py; the loadRes rules (box area
+when the first result has a bbox, else mask area) in transforms/detection.shard_state.
 """
 
 from __future__ import annotations
-
-
-def is_instances(obj) -> bool:
-    return isinstance(obj, dict) and "annotations" in obj and "images" in obj
-
-
-def is_results(obj) -> bool:
-    return isinstance(obj, list) and (not obj or (isinstance(obj[0], dict) and "image_id" in obj[0]
-                                                  and "score" in obj[0]))
 
 
 def to_rle(segmentation, height: int, width: int):

@@ -249,11 +249,6 @@ def read_json(path: str):
         return json.loads(stream.read().decode("utf-8"))
 
 
-def count_lines(path: str) -> int:
-    with FileSystems.open(path) as stream:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: stream.read(1 << 20), b""))
-
-
 def join(folder: str, name: str) -> str:
     return FileSystems.join(folder, name)
 

@@ -34,22 +34,6 @@ SUMMARY_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
                  "AR1", "AR10", "AR100", "ARsmall", "ARmedium", "ARlarge")
 
 
-def box_iou(dt: np.ndarray, gt: np.ndarray, crowd: np.ndarray) -> np.ndarray:
-    """IoU of boxes [x, y, w, h]: dt float64[D, 4], gt float64[G, 4], crowd bool[G] -> [D, G].
-
-    Same arithmetic as pycocotools' bbIou: overlap widths from min(x + w) - max(x), zero when
-    not positive; union = area(dt) + area(gt) - intersection, or area(dt) for a crowd region."""
-    dx, dy, dw, dh = (dt[:, i][:, None] for i in range(4))
-    gx, gy, gw, gh = (gt[:, i][None, :] for i in range(4))
-    w = np.minimum(dw + dx, gw + gx) - np.maximum(dx, gx)
-    h = np.minimum(dh + dy, gh + gy) - np.maximum(dy, gy)
-    inter = w * h
-    union = np.where(crowd[None, :], dw * dh, (dw * dh + gw * gh) - inter)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = inter / union
-    return np.where((w > 0) & (h > 0), out, 0.0)
-
-
 def _last_argmax(values: np.ndarray) -> np.ndarray:
     """Index of the maximum along the last axis, ties to the last occurrence."""
     return values.shape[-1] - 1 - np.argmax(values[..., ::-1], axis=-1)
