@@ -14,14 +14,24 @@ def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):
         out = np.zeros(dt_index.size)
         if not dt_index.size:
             return out
-        # pairs arrive grouped by detection; one C call per detection row
+        # Pairs arrive grouped by detection, and the detections of one (image, category) group
+        # are consecutive with the same ground-truth list: one C call per group.
         starts = np.flatnonzero(np.r_[True, dt_index[1:] != dt_index[:-1]])
         ends = np.r_[starts[1:], dt_index.size]
-        for s, e in zip(starts.tolist(), ends.tolist()):
+        block_start = 0
+        for b in range(starts.size):
+            s, e = starts[b], ends[b]
+            last = b + 1 == starts.size
+            if not last:
+                ns, ne = starts[b + 1], ends[b + 1]
+                if ne - ns == e - s and np.array_equal(gt_index[ns:ne], gt_index[s:e]):
+                    continue  # the next detection shares this ground-truth list
             gts = gt_index[s:e]
-            values = mask_utils.iou([dt_rles[dt_index[s]]], [gt_rles[g] for g in gts],
+            dts = dt_index[starts[block_start]:e:(e - s)]
+            values = mask_utils.iou([dt_rles[d] for d in dts], [gt_rles[g] for g in gts],
                                     [int(c) for c in gt_crowd[gts]])
-            out[s:e] = np.asarray(values, dtype=np.float64).reshape(-1)
+            out[starts[block_start]:e] = np.asarray(values, dtype=np.float64).reshape(-1)
+            block_start = b + 1
         return out
     return iou
 
