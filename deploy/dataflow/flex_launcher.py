@@ -35,6 +35,7 @@ import sys
 EVALBEAM_PARAMETERS = {
     "task", "groundtruths", "predictions", "output", "slice", "score_thresholds", "hardmax",
     "pr_curve_thresholds", "max_examples", "metrics", "num_shards", "max_rejected_fraction", "quiet",
+    "iou_type", "protocol", "iou_thresholds", "pr_curve_iou_threshold",  # detection
 }
 PATH_PARAMETERS = {"groundtruths", "predictions", "output"}
 BOOLEAN_PARAMETERS = {"hardmax", "quiet"}
