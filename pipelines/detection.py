@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "valor protocol (default 0.5)")
     parser.add_argument("--pr_curve_iou_threshold", type=float, default=0.5,
                         help="IoU threshold of the valor protocol's PrecisionRecallCurve (default 0.5)")
+    parser.add_argument("--score_bins", type=int, default=None, metavar="N",
+                        help="coco protocol: keep per-shard state as counts in N score bins "
+                             "(constant memory) and report each statistic as a lower and an "
+                             "upper bound that contain the exact value")
     parser.add_argument("--pr_curve_thresholds", default=None, metavar="S[,S...]",
                         help="score thresholds of the PrecisionRecallCurve (default 0.05..0.95)")
     return parser
@@ -62,11 +66,13 @@ def parse_args(argv: list[str]):
     if native and args.iou_type == "segm" and args.protocol == "coco":
         raise UsageError("the coco protocol rasterises masks with each image's size, which native "
                          "rows do not carry: use --protocol valor (exact polygon IoU) or COCO files")
+    if args.score_bins is not None and (args.score_bins < 1 or args.protocol != "coco"):
+        raise UsageError("--score_bins takes a number >= 1 and applies to the coco protocol")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
                              "always uses 0.5:0.05:0.95")
-        protocol = COCO
+        protocol = Protocol(score_bins=args.score_bins) if args.score_bins else COCO
     else:
         ious = (parse_float_list(args.iou_thresholds, "--iou_thresholds")
                 if args.iou_thresholds is not None else COCO.iou_thresholds)
@@ -158,7 +164,7 @@ def record_sort_key(record: dict):
     return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
             RECORD_ORDER.index(record["type"]), params.get("iou_threshold", -1.0),
             params.get("score_threshold", -1.0), params.get("category_id", -1),
-            str(params.get("label", "")))
+            str(params.get("label", "")), params.get("bound", ""))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -187,6 +193,7 @@ def run(argv: list[str] | None = None) -> int:
 
     return run_job(TASK, args, models, slices, beam_args,
                    {"iou_type": args.iou_type, "protocol": protocol.name,
+                    "score_bins": protocol.score_bins,
                     "iou_thresholds": list(protocol.iou_thresholds),
                     **({"score_thresholds": list(protocol.score_thresholds),
                         "pr_curve_thresholds": list(protocol.pr_curve_thresholds),

@@ -72,6 +72,8 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
             if record["type"] != "COCOSummary":
                 continue
             where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+            if "bound" in record["parameters"]:
+                where += f" [{record['parameters']['bound']} bound]"
             rows.append([record["model"], where] + [f"{record['value'][n]:.4f}" for n in names])
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]

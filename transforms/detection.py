@@ -23,9 +23,10 @@ from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles
-from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES, CocoState,
-                                          accumulate, coco_state, pair_box_iou, summarize,
-                                          valor_counts, valor_metrics)
+from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
+                                          BinnedState, CocoState, accumulate, accumulate_binned,
+                                          coco_state, pair_box_iou, summarize, valor_counts,
+                                          valor_metrics)
 from transforms.kernels.hashing import fnv1a_64
 from transforms.kernels.masks import pair_mask_iou, pair_polygon_iou
 
@@ -163,6 +164,7 @@ class Protocol:
     score_thresholds: tuple = (0.5,)
     pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
     pr_curve_iou_threshold: float = 0.5
+    score_bins: int | None = None   # coco only: constant-memory state, AP as [lower, upper] bounds
 
     @property
     def matching_thresholds(self) -> tuple:
@@ -402,9 +404,12 @@ class MatchDetections(ProgressDoFn):
                 chosen = images.image_id[image_index]
                 sub_gts = gts.take(np.flatnonzero(np.isin(gts.image_id, chosen)))
                 sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
-                yield (model, slice_json), shard_state(
-                    _take_images(images, image_index), sub_gts, sub_dts, category_id,
-                    self.iou_type, area_from_bbox, self.protocol)
+                state = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
+                                    category_id, self.iou_type, area_from_bbox, self.protocol)
+                if self.protocol.score_bins:
+                    state = BinnedState.from_state(state, self.protocol.score_bins,
+                                                   np.array(self.protocol.iou_thresholds), MAX_DETS)
+                yield (model, slice_json), state
         self.progress.say("match", f"matched shard {shard}")
 
     def _slice_groups(self, images: ImageRows):
@@ -453,6 +458,9 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
     if protocol.name == "valor":
         yield from _valor_records(state, categories, protocol, base)
         return
+    if isinstance(state, BinnedState):
+        yield from _binned_records(state, categories, iou_type, base)
+        return
     precision, recall = accumulate(state)
     yield {"type": "COCOSummary", "value": summarize(precision, recall),
            "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)},
@@ -462,6 +470,20 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
                "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
                               "category_id": cid},
                **base}
+
+
+def _binned_records(state: BinnedState, categories, iou_type: str, base: dict):
+    """COCOSummary and COCOClassSummary records of a --score_bins run: one with the lower and one
+    with the upper bound of each statistic (the exact value lies between; AR is exact)."""
+    for bound, upper in (("lower", False), ("upper", True)):
+        precision, recall = accumulate_binned(state, upper=upper)
+        parameters = {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS),
+                      "score_bins": state.n_bins, "bound": bound}
+        yield {"type": "COCOSummary", "value": summarize(precision, recall),
+               "parameters": parameters, **base}
+        for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
+            yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
+                   "parameters": dict(parameters, label=name, category_id=cid), **base}
 
 
 def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict):

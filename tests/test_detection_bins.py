@@ -1,0 +1,78 @@
+"""--score_bins: constant-memory COCO state whose bounds contain pycocotools' exact numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import read_jsonl
+from test_detection_oracle import first_has_bbox, make_case, product_state
+from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, BinnedState, accumulate,
+                                          accumulate_binned, summarize)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("n_bins", [3, 20, 1000])
+def test_bounds_contain_the_exact_statistics(seed, n_bins):
+    dataset, results = make_case(seed, "bbox")
+    state = product_state(dataset, results, "bbox", first_has_bbox(results))
+    exact_precision, exact_recall = accumulate(state)
+    binned = BinnedState.from_state(state, n_bins, IOU_THRESHOLDS, MAX_DETS)
+    low_precision, low_recall = accumulate_binned(binned)
+    high_precision, high_recall = accumulate_binned(binned, upper=True)
+    # every interpolated precision value is bracketed, and recall is exact
+    assert np.all(low_precision <= exact_precision + 1e-12)
+    assert np.all(exact_precision <= high_precision + 1e-12)
+    assert np.array_equal(low_recall, exact_recall) and np.array_equal(high_recall, exact_recall)
+    exact = summarize(exact_precision, exact_recall)
+    low, high = summarize(low_precision, low_recall), summarize(high_precision, high_recall)
+    for name in exact:
+        assert low[name] - 1e-12 <= exact[name] <= high[name] + 1e-12, name
+
+
+def test_one_score_per_bin_without_ties_is_exact():
+    """With at most one detection per bin (distinct scores, fine bins) both bounds are exact."""
+    dataset, results = make_case(1, "bbox")
+    for i, r in enumerate(results):
+        r["score"] = round((i + 1) / (len(results) + 1), 9)
+    state = product_state(dataset, results, "bbox", True)
+    exact = summarize(*accumulate(state))
+    binned = BinnedState.from_state(state, 10 ** 7, IOU_THRESHOLDS, MAX_DETS)
+    assert summarize(*accumulate_binned(binned)) == pytest.approx(exact, abs=1e-12)
+    assert summarize(*accumulate_binned(binned, upper=True)) == pytest.approx(exact, abs=1e-12)
+
+
+def test_merged_binned_states_equal_one(tmp_path):
+    dataset, results = make_case(2, "bbox")
+    ids = [im["id"] for im in dataset["images"]]
+    whole = BinnedState.from_state(product_state(dataset, results, "bbox", True), 50,
+                                   IOU_THRESHOLDS, MAX_DETS)
+    parts = [BinnedState.from_state(product_state(dataset, results, "bbox", True, ids[i::3]), 50,
+                                    IOU_THRESHOLDS, MAX_DETS) for i in range(3)]
+    merged = parts[2].copy().merge(parts[0]).merge(parts[1])
+    assert np.array_equal(merged.key, whole.key) and np.array_equal(merged.counts, whole.counts)
+    assert np.array_equal(merged.n_gt, whole.n_gt)
+
+
+def test_score_bins_through_the_cli(tmp_path, shared_reference):
+    from pipelines.detection import run
+
+    base = shared_reference / "detection" / "coco_val2014_100"
+    outputs = []
+    for shards in ("1", "4"):
+        out = tmp_path / shards
+        assert run([str(a) for a in ["--groundtruths", base / "instances_val2014_100.json",
+                                     "--predictions", f"f={base / 'instances_val2014_fakebbox100_results.json'}",
+                                     "--output", out, "--quiet", "--score_bins", "100",
+                                     "--num_shards", shards]]) == 0
+        outputs.append((out / "metrics.jsonl").read_bytes())
+    assert outputs[0] == outputs[1]
+    summaries = {r["parameters"]["bound"]: r["value"] for r in read_jsonl(tmp_path / "1" / "metrics.jsonl")
+                 if r["type"] == "COCOSummary"}
+    exact_ap = 0.5045806987249628  # the official number for this case
+    assert summaries["lower"]["AP"] <= exact_ap <= summaries["upper"]["AP"]
+    assert summaries["upper"]["AP"] - summaries["lower"]["AP"] < 0.02
+    info = json.loads((tmp_path / "1" / "run.json").read_text())
+    assert info["options"]["score_bins"] == 100
