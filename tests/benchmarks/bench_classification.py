@@ -327,7 +327,7 @@ def compare_metrics(evalbeam_path: str, valor_path: str) -> None:
 
 # ----------------------------------------------------------------------------------------- report
 
-def machine_info() -> list[str]:
+def machine_info(packages=("apache-beam", "valor-lite", "pyarrow", "numpy")) -> list[str]:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo", encoding="utf-8")
                 if line.startswith("model name")), platform.processor() or "unknown")
     mem_kb = next((int(line.split()[1]) for line in open("/proc/meminfo", encoding="utf-8")
@@ -343,7 +343,7 @@ def machine_info() -> list[str]:
             f"- CPU: {cpu}",
             f"- RAM: {mem_kb / 1024 ** 2:.1f} GiB",
             f"- Python {platform.python_version()} on {platform.platform()}",
-            "- " + ", ".join(f"{p} {ver(p)}" for p in ("apache-beam", "valor-lite", "pyarrow", "numpy"))]
+            "- " + ", ".join(f"{p} {ver(p)}" for p in packages)]
 
 
 def summarize(runs: list[dict], datums: int) -> dict:

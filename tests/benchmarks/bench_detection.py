@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -76,6 +75,7 @@ from collections.abc import Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # run as a script it is sys.path[0] already
     sys.path.insert(0, HERE)
+from bench_classification import machine_info as classification_machine_info
 from bench_classification import measure  # the same measurement for every benchmark
 
 MODEL = "model"
@@ -292,29 +292,11 @@ def summarize(runs: list[dict], images: int, detections: int) -> dict:
 # ----------------------------------------------------------------------------------------- report
 
 def machine_info() -> list[str]:
-    def lines(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in lines("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor() or "unknown")
-    mem_kb = next((int(line.split()[1]) for line in lines("/proc/meminfo")
-                   if line.startswith("MemTotal:")), 0)
-    from importlib.metadata import PackageNotFoundError, version
-
-    def ver(pkg):
-        try:
-            return version(pkg)
-        except PackageNotFoundError:
-            return "not installed"
-    return [f"- nproc: {len(os.sched_getaffinity(0))} (os.cpu_count {os.cpu_count()})",
-            f"- CPU: {cpu}",
-            f"- RAM: {mem_kb / 1024 ** 2:.1f} GiB",
-            f"- Python {platform.python_version()} on {platform.platform()}",
-            "- " + ", ".join(f"{p} {ver(p)}" for p in
-                             ("apache-beam", "pycocotools", "faster-coco-eval", "numpy", "evalbeam")),
-            f"- load average at the start (1, 5, 15 min): {LOAD_AT_START} and at the end: "
-            + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-            + " (other work on the machine makes the times noisy)"]
+    return classification_machine_info(
+        ("apache-beam", "pycocotools", "faster-coco-eval", "numpy", "evalbeam")) + [
+        f"- load average at the start (1, 5, 15 min): {LOAD_AT_START} and at the end: "
+        + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        + " (other work on the machine makes the times noisy)"]
 
 
 def data_lines(stats: dict) -> list[str]:
