@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="coco protocol: keep per-shard state as counts in N score bins "
                              "(constant memory) and report each statistic as a lower and an "
                              "upper bound that contain the exact value")
+    parser.add_argument("--max_examples", type=int, default=1, metavar="N",
+                        help="examples per observation of the valor protocol's "
+                             "DetailedPrecisionRecallCurve (default 1)")
     parser.add_argument("--pr_curve_thresholds", default=None, metavar="S[,S...]",
                         help="score thresholds of the PrecisionRecallCurve (default 0.05..0.95)")
     return parser
@@ -83,7 +86,10 @@ def parse_args(argv: list[str]):
         protocol = Protocol("valor", tuple(sorted(set(ious))),
                             tuple(sorted(set(parse_float_list(args.score_thresholds,
                                                               "--score_thresholds")))),
-                            tuple(sorted(set(curve))), args.pr_curve_iou_threshold)
+                            tuple(sorted(set(curve))), args.pr_curve_iou_threshold,
+                            max_examples=args.max_examples)
+        if args.max_examples < 0:
+            raise UsageError("--max_examples must be 0 or more")
         if len(protocol.matching_thresholds) > 16:
             raise UsageError("at most 16 IoU thresholds, the PR curve's included")
     return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol, native
@@ -155,7 +161,8 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
 
 RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
                 "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
-                "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve")
+                "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
+                "DetailedPrecisionRecallCurve")
 
 
 def record_sort_key(record: dict):

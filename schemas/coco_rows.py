@@ -55,10 +55,13 @@ class ImageRows:
     slices: dict
     position: np.ndarray
     file_id: np.ndarray | None = None
+    uid: list | None = None     # datum_uid of native rows; COCO images are named by their id
 
     def __post_init__(self):
         if self.file_id is None:
             self.file_id = np.zeros(self.image_id.size, dtype=np.int32)
+        if self.uid is None:
+            self.uid = [str(i) for i in self.image_id.tolist()]
 
 
 @dataclass

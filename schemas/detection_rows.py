@@ -165,7 +165,7 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
     images = ImageRows(image_id=image_id, height=np.zeros(len(good), np.int64),
                        width=np.zeros(len(good), np.int64),
                        slices={k: [canonical_json(meta(row, k)) for row, _ in good] for k in slice_keys},
-                       position=position, file_id=np.full(len(good), file_id, np.int32))
+                       position=position, file_id=np.full(len(good), file_id, np.int32), uid=uids)
     return images, box_rows, bad
 
 

@@ -28,7 +28,8 @@ def valor_state(dataset, results, iou_type, protocol=VALOR):
     gts, _ = box_rows(dataset["annotations"], detections=False, need_segmentation=segm)
     dts, _ = box_rows(results, detections=True, need_segmentation=segm)
     category_id = np.array(sorted(c["id"] for c in dataset["categories"]), dtype=np.int64)
-    return shard_state(images, gts, dts, category_id, iou_type, first_has_bbox(results), protocol)
+    state = shard_state(images, gts, dts, category_id, iou_type, first_has_bbox(results), protocol)
+    return state[0] if isinstance(state, tuple) else state  # (CocoState, DetailedState)
 
 
 def switched_off_oracle(dataset, results, iou_type):
@@ -133,7 +134,7 @@ def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
     kinds = {r["type"] for r in records}
     assert kinds == {"AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs", "AR", "mAR",
                      "ARAveragedOverScores", "mARAveragedOverScores", "Counts", "Precision",
-                     "Recall", "F1", "PrecisionRecallCurve"}
+                     "Recall", "F1", "PrecisionRecallCurve", "DetailedPrecisionRecallCurve"}
     # Counts at score threshold 0 and IoU 0.5: tp is pycocotools' final recall times the gts
     counts = {(r["parameters"]["iou_threshold"], r["parameters"]["score_threshold"],
                r["parameters"]["label"]): r["value"] for r in records if r["type"] == "Counts"}
@@ -151,3 +152,53 @@ def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
         (person[k]["tp"] for k in person), reverse=True)
     info = json.loads((out / "run.json").read_text())
     assert info["options"]["protocol"] == "valor" and info["options"]["iou_thresholds"] == [0.5, 0.75]
+
+
+def test_detailed_curve_by_hand_and_against_the_pr_curve(tmp_path):
+    """The hand-computed case again, through the CLI: label a has detections 0.9 (takes gt A),
+    0.8 (overlaps nothing: a hallucination) and 0.7 (takes gt B at IoU 0.6); the "ghost" detection
+    0.6 lies on gt A (another label): a misclassification, and gt A's misclassification once its
+    own detection falls below the threshold while the ghost still counts."""
+    from pipelines.detection import run
+
+    dataset = {"images": [{"id": 1, "height": 100, "width": 100}],
+               "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "ghost"}],
+               "annotations": [
+                   {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10], "area": 100},
+                   {"id": 2, "image_id": 1, "category_id": 1, "bbox": [50, 50, 10, 10], "area": 100}]}
+    results = [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10], "score": 0.9},
+               {"image_id": 1, "category_id": 1, "bbox": [80, 80, 5, 5], "score": 0.8},
+               {"image_id": 1, "category_id": 1, "bbox": [50, 50, 10, 6], "score": 0.7},
+               {"image_id": 1, "category_id": 2, "bbox": [0, 0, 10, 10], "score": 0.6}]
+    (tmp_path / "gt.json").write_text(json.dumps(dataset))
+    (tmp_path / "dt.json").write_text(json.dumps(results))
+    assert run([str(a) for a in ["--groundtruths", tmp_path / "gt.json", "--predictions",
+                                 f"m={tmp_path / 'dt.json'}", "--output", tmp_path / "out", "--quiet",
+                                 "--protocol", "valor", "--iou_thresholds", "0.5",
+                                 "--pr_curve_thresholds", "0.55,0.65,0.75,0.85,0.95",
+                                 "--max_examples", "3"]]) == 0
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    detailed = next(r for r in records if r["type"] == "DetailedPrecisionRecallCurve")["value"]
+    curve = next(r for r in records if r["type"] == "PrecisionRecallCurve")["value"]
+
+    def counts(label, threshold):
+        point = detailed[label][threshold]
+        fp, fn = point["fp"]["observations"], point["fn"]["observations"]
+        return (point["tp"]["total"], fp["misclassifications"]["count"], fp["hallucinations"]["count"],
+                fn["misclassifications"]["count"], fn["missed_detections"]["count"])
+
+    assert counts("a", "0.55") == (2, 0, 1, 0, 0)
+    assert counts("ghost", "0.55") == (0, 1, 0, 0, 0)
+    assert counts("a", "0.65") == (2, 0, 1, 0, 0) and counts("ghost", "0.65") == (0, 0, 0, 0, 0)
+    assert counts("a", "0.75") == (1, 0, 1, 0, 1)
+    assert counts("a", "0.95") == (0, 0, 0, 0, 2)
+    # totals agree with the PR curve at the same IoU threshold
+    for label in ("a", "ghost"):
+        for threshold, point in detailed[label].items():
+            assert (point["tp"]["total"], point["fp"]["total"], point["fn"]["total"]) == (
+                curve[label][threshold]["tp"], curve[label][threshold]["fp"], curve[label][threshold]["fn"])
+    hallucination = detailed["a"]["0.55"]["fp"]["observations"]["hallucinations"]["examples"]
+    assert hallucination == [{"datum_uid": "1", "score": 0.8, "geometry": {
+        "type": "Polygon", "coordinates": [[[80.0, 80.0], [85.0, 80.0], [85.0, 85.0], [80.0, 85.0], [80.0, 80.0]]]}}]
+    missed = detailed["a"]["0.95"]["fn"]["observations"]["missed_detections"]["examples"]
+    assert len(missed) == 2 and all(set(e) == {"datum_uid", "geometry"} for e in missed)

@@ -24,9 +24,9 @@ from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
-                                          BinnedState, CocoState, accumulate, accumulate_binned,
-                                          coco_state, pair_box_iou, summarize, valor_counts,
-                                          valor_metrics)
+                                          BinnedState, CocoState, DetailedState, accumulate,
+                                          accumulate_binned, coco_state, detailed_curve,
+                                          pair_box_iou, summarize, valor_counts, valor_metrics)
 from transforms.kernels.hashing import fnv1a_64
 from transforms.kernels.masks import pair_mask_iou, pair_polygon_iou
 
@@ -53,13 +53,15 @@ def _concat_images(parts: list[ImageRows]) -> ImageRows:
         np.concatenate([p.image_id for p in parts]), np.concatenate([p.height for p in parts]),
         np.concatenate([p.width for p in parts]),
         {k: sum((p.slices[k] for p in parts), []) for k in parts[0].slices},
-        np.concatenate([p.position for p in parts]), np.concatenate([p.file_id for p in parts]))
+        np.concatenate([p.position for p in parts]), np.concatenate([p.file_id for p in parts]),
+        sum((p.uid for p in parts), []))
 
 
 def _take_images(images: ImageRows, index: np.ndarray) -> ImageRows:
     return ImageRows(images.image_id[index], images.height[index], images.width[index],
                      {k: [v[i] for i in index] for k, v in images.slices.items()},
-                     images.position[index], images.file_id[index])
+                     images.position[index], images.file_id[index],
+                     [images.uid[i] for i in np.asarray(index, dtype=np.int64)])
 
 
 def _concat_rows(parts: list[RowIndex]) -> RowIndex:
@@ -165,6 +167,12 @@ class Protocol:
     pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
     pr_curve_iou_threshold: float = 0.5
     score_bins: int | None = None   # coco only: constant-memory state, AP as [lower, upper] bounds
+    max_examples: int = 1
+
+    @property
+    def detailed(self) -> bool:
+        """The valor protocol also builds the DetailedPrecisionRecallCurve."""
+        return self.name == "valor"
 
     @property
     def matching_thresholds(self) -> tuple:
@@ -293,10 +301,81 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     else:
         dt_area = dts.bbox[:, 2] * dts.bbox[:, 3]
         pair_iou = pair_box_iou(dts.bbox, gts.bbox, crowd)
-    return coco_state(image_id, category_id.size, gt_image,
-                      np.searchsorted(category_id, gts.category_id), gts.value, crowd,
-                      dt_image, np.searchsorted(category_id, dts.category_id), dts.value, dt_area,
-                      pair_iou, **protocol.options)
+    gt_label = np.searchsorted(category_id, gts.category_id)
+    dt_label = np.searchsorted(category_id, dts.category_id)
+    result = coco_state(image_id, category_id.size, gt_image, gt_label, gts.value, crowd,
+                        dt_image, dt_label, dts.value, dt_area, pair_iou,
+                        with_matches=protocol.detailed, **protocol.options)
+    if not protocol.detailed:
+        return result
+    state, kept, matched_gt = result
+    t = list(protocol.matching_thresholds).index(protocol.pr_curve_iou_threshold)
+    uids = [images.uid[i] for i in order]
+    hashes = stable_id(uids).view(np.uint64) if uids else np.zeros(0, np.uint64)
+    detailed = _detailed_state(kept, matched_gt[:, 0, t], dt_image, dt_label, dts, gt_image,
+                               gt_label, gts, pair_iou, protocol, category_id.size, uids, hashes)
+    return state, detailed
+
+
+def _image_pairs(dt_image: np.ndarray, gt_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (detection, ground truth) pair of the same image, as index arrays."""
+    gt_order = np.argsort(gt_image, kind="stable")
+    n_images = int(max(dt_image.max(initial=-1), gt_image.max(initial=-1))) + 1
+    per_image = np.bincount(gt_image, minlength=n_images)
+    first = np.r_[0, np.cumsum(per_image)[:-1]]
+    counts = per_image[dt_image]
+    dt_index = np.repeat(np.arange(dt_image.size), counts)
+    offset = np.arange(dt_index.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return dt_index, gt_order[np.repeat(first[dt_image], counts) + offset]
+
+
+def _geojson(box, shape) -> dict | None:
+    if shape is not None:
+        import shapely
+
+        return json.loads(shapely.to_geojson(shape))
+    if np.isnan(box).any():
+        return None
+    x, y, w, h = (float(v) for v in box)
+    return {"type": "Polygon", "coordinates": [[[x, y], [x + w, y], [x + w, y + h], [x, y + h], [x, y]]]}
+
+
+def _detailed_state(kept, taken, dt_image, dt_label, dts, gt_image, gt_label, gts, pair_iou,
+                    protocol, n_labels, uids, hashes) -> DetailedState:
+    """DetailedState at the PR curve's IoU threshold; kept and taken come from coco_match."""
+    limit = min(protocol.pr_curve_iou_threshold, 1 - 1e-10)
+    score = dts.value
+    # other-label overlaps, within each image
+    d, g = _image_pairs(dt_image, gt_image)
+    other = dt_label[d] != gt_label[g]
+    d, g = d[other], g[other]
+    overlap = pair_iou(d, g) >= limit if d.size else np.zeros(0, bool)
+    misclassified = np.zeros(score.size, dtype=bool)
+    misclassified[d[overlap]] = True
+    other_best = np.full(gts.value.size, -1.0)
+    np.maximum.at(other_best, g[overlap], score[d[overlap]])
+    taker = np.full(gts.value.size, -1.0)
+    took = taken >= 0
+    taker[taken[took]] = score[kept[took]]
+    matched = np.zeros(score.size, dtype=bool)
+    matched[kept[took]] = True
+    shapes = dts.segmentation if _are_shapes(dts.segmentation or [], gts.segmentation or []) else None
+    gt_shapes = gts.segmentation if shapes is not None or _are_shapes(gts.segmentation or []) else None
+
+    def describe(kind: int, i: int) -> dict:
+        if kind == 0:
+            return {"datum_uid": uids[dt_image[i]], "score": float(score[i]),
+                    "geometry": _geojson(dts.bbox[i], shapes[i] if shapes else None)}
+        return {"datum_uid": uids[gt_image[i]],
+                "geometry": _geojson(gts.bbox[i], gt_shapes[i] if gt_shapes else None)}
+
+    zeros_dt, zeros_gt = np.zeros(score.size, np.int64), np.zeros(gts.value.size, np.int64)
+    return detailed_curve(
+        dt_label, score, matched, misclassified, gt_label, taker, other_best, n_labels,
+        np.array(protocol.pr_curve_thresholds), protocol.max_examples,
+        (hashes[dt_image] if score.size else np.zeros(0, np.uint64), zeros_dt, dts.position),
+        (hashes[gt_image] if gts.value.size else np.zeros(0, np.uint64), zeros_gt, gts.position),
+        describe)
 
 
 def _are_shapes(*lists) -> bool:
@@ -429,20 +508,31 @@ def _empty_boxes(with_segmentation: bool) -> BoxRows:
                    np.zeros(0, bool), [] if with_segmentation else None, np.zeros(0, np.int64))
 
 
+def _copy(state):
+    return tuple(part.copy() for part in state) if isinstance(state, tuple) else state.copy()
+
+
+def _merge(acc, state):
+    """Merge state into acc: a CocoState or BinnedState, or a (CocoState, DetailedState) pair."""
+    if isinstance(acc, tuple):
+        return tuple(a.merge(b) for a, b in zip(acc, state))
+    return acc.merge(state)
+
+
 class CocoCombineFn(beam.CombineFn):
-    """Concatenates CocoState partials (exact: accumulate() sorts by a total order)."""
+    """Merges detection partial states (exact: accumulate() sorts by a total order)."""
 
     def create_accumulator(self):
         return None
 
     def add_input(self, acc, state):
-        return state.copy() if acc is None else acc.merge(state)
+        return _copy(state) if acc is None else _merge(acc, state)
 
     def merge_accumulators(self, accs):
         out = None
         for acc in accs:
             if acc is not None:
-                out = acc if out is None else out.merge(acc)
+                out = acc if out is None else _merge(out, acc)
         return out
 
     def extract_output(self, acc):
@@ -456,7 +546,14 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
         return
     base = {"model": model, "slice": json.loads(slice_json)}
     if protocol.name == "valor":
+        state, detailed = state if isinstance(state, tuple) else (state, None)
         yield from _valor_records(state, categories, protocol, base)
+        if detailed is not None:
+            present = valor_present(state)
+            yield {"type": "DetailedPrecisionRecallCurve",
+                   "value": _detailed_value(detailed, categories, protocol, present),
+                   "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
+                                  "max_examples": protocol.max_examples}, **base}
         return
     if isinstance(state, BinnedState):
         yield from _binned_records(state, categories, iou_type, base)
@@ -530,6 +627,40 @@ def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict)
                     for j, s in enumerate(protocol.pr_curve_thresholds)}
              for k, name in labels}
     yield record("PrecisionRecallCurve", curve, pr_curve_iou_threshold=protocol.pr_curve_iou_threshold)
+
+
+def valor_present(state: CocoState) -> np.ndarray:
+    """Labels with ground truth or predictions."""
+    return (state.n_gt[:, 0] > 0) | (np.bincount(state.category, minlength=state.n_categories) > 0)
+
+
+def _detailed_value(detailed: DetailedState, categories, protocol: Protocol, present) -> dict:
+    """{label: {"0.05": {"tp": ..., "fp": ..., "fn": ...}}} in Valor's shape, with examples."""
+    K, C = len(categories["name"]), 5
+    examples: dict = {}
+    for group, uid in zip(detailed.examples.group.tolist(), detailed.examples.uid.tolist()):
+        examples.setdefault(group, []).append(json.loads(uid))
+    value = {}
+    for k, name in enumerate(categories["name"]):
+        if not present[k]:
+            continue
+        per_threshold = {}
+        for p, threshold in enumerate(protocol.pr_curve_thresholds):
+            counts = detailed.counts[p, k]
+
+            def observation(category: int) -> dict:
+                return {"count": int(counts[category]),
+                        "examples": examples.get((p * C + category) * K + k, [])}
+
+            per_threshold[repr(float(threshold))] = {
+                "tp": {"total": int(counts[0]), "observations": {"all": observation(0)}},
+                "fp": {"total": int(counts[1] + counts[2]), "observations": {
+                    "misclassifications": observation(1), "hallucinations": observation(2)}},
+                "fn": {"total": int(counts[3] + counts[4]), "observations": {
+                    "misclassifications": observation(3), "missed_detections": observation(4)}},
+            }
+        value[name] = per_threshold
+    return value
 
 
 def _counts(tp_fp_fn) -> dict:

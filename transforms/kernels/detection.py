@@ -21,9 +21,12 @@ Matching is vectorised over detection rank: step j handles the j-th detection of
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from transforms.kernels.examples import ExampleSet
 
 IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
 RECALL_THRESHOLDS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
@@ -46,7 +49,8 @@ def greedy_match(iou: np.ndarray, n_dt: np.ndarray, gt_ignore: np.ndarray, gt_cr
     iou float64[B, D, W]: IoU of the j-th detection (score order) with each ground truth (in the
     file's order); n_dt int[B] detections per group; gt_ignore, gt_crowd, gt_valid bool[B, W]
     (valid marks real columns of the padding); thresholds float64[T].
-    Returns matched bool[B, T, D] and matched_ignored bool[B, T, D] (matched to an ignored gt).
+    Returns matched bool[B, T, D], matched_ignored bool[B, T, D] (matched to an ignored gt) and
+    column int64[B, T, D] (the ground truth taken, -1 when none).
     """
     B, D, W = iou.shape
     T = thresholds.size
@@ -54,6 +58,7 @@ def greedy_match(iou: np.ndarray, n_dt: np.ndarray, gt_ignore: np.ndarray, gt_cr
     taken = np.zeros((B, T, W), dtype=bool)
     matched = np.zeros((B, T, D), dtype=bool)
     matched_ignored = np.zeros((B, T, D), dtype=bool)
+    column = np.full((B, T, D), -1, dtype=np.int64)
     for j in range(D):
         act = np.flatnonzero(n_dt > j)
         if not act.size:
@@ -73,7 +78,8 @@ def greedy_match(iou: np.ndarray, n_dt: np.ndarray, gt_ignore: np.ndarray, gt_cr
         matched_ignored[act, :, j] = hit & ~has_regular
         a, t = np.nonzero(hit)
         taken[act[a], t, pick[a, t]] = True
-    return matched, matched_ignored
+        column[act[a], t, j] = pick[a, t]
+    return matched, matched_ignored, column
 
 
 @dataclass
@@ -133,13 +139,15 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
                gt_group: np.ndarray, gt_area: np.ndarray, gt_crowd: np.ndarray,
                pair_iou, n_categories: int, thresholds: np.ndarray = IOU_THRESHOLDS,
                max_det: int | None = MAX_DETS[-1],
-               area_ranges: tuple = AREA_RANGES) -> CocoState:
+               area_ranges: tuple = AREA_RANGES, with_matches: bool = False):
     """Partial COCO state of a set of groups (one per image and category), columnar.
 
     group_category int[n_groups], group_image_key int64[n_groups]; detections dt_* [N] and
     ground truths gt_* [M] in input order, each with its group index; pair_iou(dt_index,
     gt_index) -> float64[P] gives the IoU of pairs (indices into the dt and gt arrays).
     max_det None keeps every detection; area_ranges are [lo, hi] pairs (COCO's four by default).
+    with_matches also returns kept int64[n] (the detections kept, state row order) and
+    matched_gt int64[n, A, T] (the ground truth each one took, -1 when none).
     """
     T, A = thresholds.size, len(area_ranges)
     lo = np.array([r[0] for r in area_ranges])
@@ -169,6 +177,7 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
     column[gt_order] = np.arange(M) - gt_first[gt_group[gt_order]]
 
     tp = np.zeros((kept.size, A), dtype=np.uint16)
+    matched_gt = np.full((kept.size, A, T), -1, dtype=np.int64) if with_matches else None
     fp = _bits(np.repeat(~dt_out[:, :, None], T, axis=2))   # unmatched: fp unless out of range
     with_gt = n_gts[grp] > 0
     if with_gt.any():
@@ -214,7 +223,7 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
             crowd[gb, gc] = gt_crowd[g_sel]
             valid[gb, gc] = True
             # the four area ranges are four copies of each group: [B, A, ...] -> [B * A, ...]
-            matched, matched_ignored = greedy_match(
+            matched, matched_ignored, taken_column = greedy_match(
                 np.repeat(padded, A, axis=0), np.repeat(n_cand[members], A),
                 ignore.transpose(0, 2, 1).reshape(B * A, W), np.repeat(crowd, A, axis=0),
                 np.repeat(valid, A, axis=0), thresholds)
@@ -223,9 +232,15 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
             mi = matched_ignored.reshape(B, A, T, D)[rb, :, :, rr]
             tp[sel_rows] = _bits(m & ~mi)
             fp[sel_rows] = _bits(~m & ~dt_out[sel_rows][:, :, None])
-    return CocoState(n_categories, n_gt, group_category[grp].astype(np.int32),
-                     dt_score[kept].astype(np.float64), group_image_key[grp].astype(np.int64),
-                     rank.astype(np.int32), tp, fp)
+            if with_matches:
+                gt_at = np.full((B, W), -1, dtype=np.int64)
+                gt_at[gb, gc] = g_sel
+                col = taken_column.reshape(B, A, T, D)[rb, :, :, rr]             # [n, A, T]
+                matched_gt[sel_rows] = np.where(col >= 0, gt_at[rb[:, None, None], np.maximum(col, 0)], -1)
+    state = CocoState(n_categories, n_gt, group_category[grp].astype(np.int32),
+                      dt_score[kept].astype(np.float64), group_image_key[grp].astype(np.int64),
+                      rank.astype(np.int32), tp, fp)
+    return (state, kept, matched_gt) if with_matches else state
 
 
 def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarray):
@@ -525,3 +540,96 @@ def accumulate_binned(state: BinnedState, thresholds: np.ndarray = IOU_THRESHOLD
                     q[t, valid] = pr[i, t, inds[valid]]
                 precision[:, :, k, a, m] = q
     return precision, recall
+
+
+# ----------------------------------------------------------------------------- detailed curve
+
+DETAILED = ("tp", "fp_misclassification", "fp_hallucination", "fn_misclassification",
+            "fn_missed_detection")
+
+
+@dataclass
+class DetailedState:
+    """DetailedPrecisionRecallCurve partial state: counts int64[P, K, 5] (DETAILED order) per PR
+    score threshold and label, and up to k examples per (threshold, category, label), chosen by
+    the smallest (hash of datum_uid, uid) (ExampleSet; group = (p * 5 + category) * K + label).
+    Merging adds counts and keeps the k smallest examples."""
+
+    counts: np.ndarray
+    examples: "ExampleSet"
+    k: int
+
+    def merge(self, other: "DetailedState") -> "DetailedState":
+        self.counts = self.counts + other.counts
+        self.examples = ExampleSet.concat([self.examples, other.examples]).reduce(self.k)
+        return self
+
+    def copy(self) -> "DetailedState":
+        return DetailedState(self.counts.copy(), self.examples, self.k)
+
+
+def _first_k_by_key(group: np.ndarray, keys: list[np.ndarray], k: int) -> np.ndarray:
+    """Indices of the k items with the smallest keys (compared in the order given) per group."""
+    if not group.size or k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(tuple(reversed(keys)) + (group,))
+    g = group[order]
+    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    rank = np.arange(g.size) - np.repeat(starts, np.diff(np.r_[starts, g.size]))
+    return order[rank < k]
+
+
+def detailed_curve(dt_label, dt_score, dt_matched, dt_misclassified, gt_label, gt_matcher_score,
+                   gt_other_best, n_labels: int, thresholds: np.ndarray, k: int,
+                   dt_where, gt_where, describe) -> DetailedState:
+    """Valor's detailed curve at one IoU threshold for the given PR score thresholds (ascending).
+
+    Detections: label, score, matched (took a ground truth of its label), misclassified (some
+    ground truth of another label in its datum has IoU >= the threshold). Ground truths: label,
+    score of the detection that took it (-1 if none), best score of an other-label detection with
+    IoU >= the threshold (-1 if none). At score threshold s (a detection counts when score >= s
+    and > 0): tp = matched detections; fp = the other detections, misclassifications when
+    misclassified, else hallucinations; fn = ground truths whose taker scores below s (or none),
+    misclassifications when an other-label detection with score >= s overlaps them, else missed
+    detections.
+
+    Examples: per (threshold, category, label) the k annotations with the smallest (hash of
+    datum_uid, file, position); dt_where and gt_where are (hash uint64[n], file int[n], position
+    int[n]); describe(kind, index) -> example dict ({"datum_uid", "geometry", "score"?})."""
+    from transforms.kernels.classification import counts_above, counts_from, levels
+
+    P, K, C = thresholds.size, n_labels, len(DETAILED)
+    counts = np.zeros((P, K, C), dtype=np.int64)
+    level = levels(dt_score, thresholds)
+    groups, owners, kinds = [], [], []
+    for category, mask in enumerate((dt_matched, ~dt_matched & dt_misclassified,
+                                     ~dt_matched & ~dt_misclassified)):
+        counts[:, :, category] = counts_above(dt_label[mask], level[mask], K, P)
+        for p in range(P):
+            index = np.flatnonzero(mask & (level > p))
+            groups.append((p * C + category) * K + dt_label[index])
+            owners.append(index)
+            kinds.append(np.zeros(index.size, dtype=np.int8))
+    a = levels(gt_matcher_score, thresholds)
+    b = levels(gt_other_best, thresholds)
+    mis = b > a
+    counts[:, :, 3] = counts_from(gt_label[mis], a[mis], K, P) - counts_from(gt_label[mis], b[mis], K, P)
+    counts[:, :, 4] = counts_from(gt_label, np.maximum(a, b), K, P)
+    for p in range(P):
+        for category, mask in ((3, (a <= p) & (p < b)), (4, np.maximum(a, b) <= p)):
+            index = np.flatnonzero(mask)
+            groups.append((p * C + category) * K + gt_label[index])
+            owners.append(index)
+            kinds.append(np.ones(index.size, dtype=np.int8))
+    group = np.concatenate(groups).astype(np.int64)
+    owner = np.concatenate(owners).astype(np.int64)
+    kind = np.concatenate(kinds)
+    where = [np.where(kind == 0, dt_where[i][np.minimum(owner, max(len(dt_where[i]) - 1, 0))] if len(dt_where[i]) else 0,
+                      gt_where[i][np.minimum(owner, max(len(gt_where[i]) - 1, 0))] if len(gt_where[i]) else 0)
+             for i in range(3)]
+    chosen = _first_k_by_key(group, [where[0].astype(np.uint64), where[1], where[2]], k)
+    uids = np.array([json.dumps(describe(int(kind[i]), int(owner[i])), sort_keys=True) for i in chosen],
+                    dtype=object)
+    examples = ExampleSet(group[chosen], where[0][chosen].astype(np.uint64), uids,
+                          np.zeros(chosen.size)).reduce(k)
+    return DetailedState(counts, examples, k)
