@@ -87,7 +87,7 @@ def ensure_dataset(workdir: str, n_datums: int, n_classes: int) -> dict[str, str
     folder = os.path.join(workdir, f"data_n{n_datums}_c{n_classes}_s{SEED}")
     paths = {"groundtruths": os.path.join(folder, "groundtruths.jsonl"),
              MODEL: os.path.join(folder, f"{MODEL}.jsonl")}
-    complete = _read_json(os.path.join(folder, "params.json")) == params
+    complete = read_json(os.path.join(folder, "params.json")) == params
     if complete and all(map(os.path.exists, paths.values())):
         print(f"reusing data in {folder}", file=sys.stderr)
         return paths
@@ -97,7 +97,7 @@ def ensure_dataset(workdir: str, n_datums: int, n_classes: int) -> dict[str, str
     start = time.perf_counter()
     paths = write_classification_dataset(folder, n_datums=n_datums, n_classes=n_classes,
                                          models={MODEL: SKILL}, seed=SEED)
-    _write_json(os.path.join(folder, "params.json"), params)
+    write_json(os.path.join(folder, "params.json"), params)
     print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return paths
 
@@ -108,7 +108,7 @@ def ensure_prefix(paths: dict[str, str], n_keep: int) -> dict[str, str]:
     out = {"groundtruths": os.path.join(folder, "groundtruths.jsonl"),
            MODEL: os.path.join(folder, f"{MODEL}.jsonl")}
     marker = os.path.join(folder, "params.json")
-    if _read_json(marker) == {"n_keep": n_keep} and all(map(os.path.exists, out.values())):
+    if read_json(marker) == {"n_keep": n_keep} and all(map(os.path.exists, out.values())):
         return out
     os.makedirs(folder, exist_ok=True)
     uids = set()
@@ -121,7 +121,7 @@ def ensure_prefix(paths: dict[str, str], n_keep: int) -> dict[str, str]:
             dst.write(line)
     with open(paths[MODEL], encoding="utf-8") as src, open(out[MODEL], "w", encoding="utf-8") as dst:
         dst.writelines(line for line in src if json.loads(line)["datum_uid"] in uids)
-    _write_json(marker, {"n_keep": n_keep})
+    write_json(marker, {"n_keep": n_keep})
     return out
 
 
@@ -130,7 +130,8 @@ def count_lines(path: str) -> int:
         return sum(1 for _ in f)
 
 
-def _read_json(path: str):
+def read_json(path: str):
+    """A JSON file's content, or None when it is missing or unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -138,7 +139,7 @@ def _read_json(path: str):
         return None
 
 
-def _write_json(path: str, obj) -> None:
+def write_json(path: str, obj) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f)
 
@@ -273,7 +274,7 @@ def run_valor_lite(gt_path: str, pd_path: str, output: str) -> None:
     with open(os.path.join(output, "metrics.jsonl"), "w", encoding="utf-8") as f:
         for group in metrics.values():
             f.writelines(json.dumps(m.to_dict()) + "\n" for m in group)
-    _write_json(os.path.join(output, "peer.json"),
+    write_json(os.path.join(output, "peer.json"),
                 {"datums": len(truth), "zero_filled": len(zero_filled), "phases_s": phases})
 
 
@@ -463,7 +464,7 @@ def main(argv: list[str]) -> int:
         sides["evalbeam"] = summarize(runs["evalbeam"], args.n_datums)
     if "valor-lite" in runs:
         sides["valor-lite"] = summarize(runs["valor-lite"], count_lines(peer_paths["groundtruths"]))
-        peer = _read_json(os.path.join(runs["valor-lite"][-1]["output"], "peer.json")) or {}
+        peer = read_json(os.path.join(runs["valor-lite"][-1]["output"], "peer.json")) or {}
         sides["valor-lite"].update(phases=peer.get("phases_s"), zero_filled=peer.get("zero_filled", 0))
     print_report(args, sides, fraction)
     if args.check and len(sides) == 2:

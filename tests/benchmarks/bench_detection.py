@@ -77,6 +77,7 @@ if HERE not in sys.path:  # run as a script it is sys.path[0] already
     sys.path.insert(0, HERE)
 from bench_classification import machine_info as classification_machine_info
 from bench_classification import measure  # the same measurement for every benchmark
+from bench_classification import read_json, write_json
 
 MODEL = "model"
 SEED = 0
@@ -102,7 +103,7 @@ def ensure_dataset(workdir: str, n_images: int, need_segm: bool) -> tuple[dict, 
 
     folder = os.path.join(workdir, f"data_n{n_images}_s{SEED}")
     marker = os.path.join(folder, "params.json")
-    params = _read_json(marker) or {}
+    params = read_json(marker) or {}
     paths = params.get("paths") or {}
     if (params.get("n_images") == n_images and params.get("seed") == SEED
             and params.get("generator_version") == GENERATOR_VERSION
@@ -118,27 +119,14 @@ def ensure_dataset(workdir: str, n_images: int, need_segm: bool) -> tuple[dict, 
         paths = write_coco_dataset(folder, n_images, seed=SEED, with_segm=True if need_segm else None)
         params = {"n_images": n_images, "seed": SEED, "generator_version": GENERATOR_VERSION,
                   "with_segm": paths["predictions_segm"] is not None, "paths": paths}
-        _write_json(marker, params)
+        write_json(marker, params)
         print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    stats = _read_json(os.path.join(folder, "stats.json")) or {}
+    stats = read_json(os.path.join(folder, "stats.json")) or {}
     return paths, stats
 
 
 def predictions_path(paths: dict, iou_type: str) -> str:
     return paths["predictions_segm"] if iou_type == "segm" else paths["predictions"]
-
-
-def _read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
 
 
 # ------------------------------------------------------------------------------------- commands
@@ -205,7 +193,7 @@ def run_peer(peer: str, gt_path: str, dt_path: str, iou_type: str, output: str) 
               "parameters": {"iou_type": iou_type}, "model": MODEL, "slice": {}}
     with open(os.path.join(output, "metrics.jsonl"), "w", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    _write_json(os.path.join(output, "peer.json"), {
+    write_json(os.path.join(output, "peer.json"), {
         "peer": peer, "imports_s": imports, "timed_s": timed, "phases_s": phases,
         "images": len(coco_gt.getImgIds()), "groundtruths": len(coco_gt.getAnnIds()),
         "detections": len(coco_dt.getAnnIds()), "n_stats": len(evaluator.stats)})
@@ -269,7 +257,7 @@ def run_sides(plan: list[tuple[str, Callable[[str], list[str]]]], repeats: int, 
                 print(f"\n!!! {key} failed ({failed[key]}); continuing without it\n", file=sys.stderr)
                 continue
             result["summary"] = summary
-            result["peer"] = _read_json(os.path.join(output, "peer.json"))
+            result["peer"] = read_json(os.path.join(output, "peer.json"))
             print(f"    {result['wall_s']:.2f} s, peak RSS {result['maxrss_kb'] / 1024:.0f} MB, "
                   f"tree {result['peak_tree_kb'] / 1024:.0f} MB", file=sys.stderr)
             runs[key].append(result)
