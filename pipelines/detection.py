@@ -162,7 +162,7 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
 RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
                 "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
                 "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
-                "DetailedPrecisionRecallCurve")
+                "DetailedPrecisionRecallCurve", "ConfusionMatrix")
 
 
 def record_sort_key(record: dict):

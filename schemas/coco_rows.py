@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.coco import rle_problem
+
 from schemas.rows import canonical_json
 
 
@@ -34,12 +36,8 @@ def _segmentation_problem(seg) -> str | None:
             return "polygon segmentation must be lists of at least 3 (x, y) points"
         return None
     if isinstance(seg, dict):
-        size, counts = seg.get("size"), seg.get("counts")
-        if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) for v in size)):
-            return "RLE segmentation needs \"size\": [height, width]"
-        if not isinstance(counts, (str, list)):
-            return "RLE segmentation needs \"counts\" (a string or a list of run lengths)"
-        return None
+        problem = rle_problem(seg)
+        return f"segmentation: {problem}" if problem else None
     return "segmentation must be polygons or an RLE object"
 
 

@@ -2,11 +2,13 @@
 
 Row: {"datum_uid": str, "metadata"?: {str: scalar}, "annotations": [{"label": str,
 "score": float (predictions), "bbox": [xmin, ymin, xmax, ymax] | "polygon": [[x, y], ...] (or
-rings, or polygons), "iscrowd"?: bool}]}.
+rings, or polygons) | "raster": COCO RLE {"size": [h, w], "counts": str | [int, ...]},
+"iscrowd"?: bool}]}.
 A datum is an image whose id is the FNV-1a hash of its datum_uid (as int64); a label is a
 category whose id is the hash of the label. Boxes become COCO's [x, y, w, h]; a ground truth's
-area is its box area. With --iou_type segm, "polygon" geometries are read instead of boxes
-(shapely; exact polygon IoU); raster annotations are rejected with a reason that says so.
+area is the area of its geometry. Geometries are converted as Valor does (geometry_of): with
+--iou_type bbox a polygon or raster stands for its bounding box; with --iou_type segm polygons
+(shapely) and rasters (Raster) are compared exactly and a bbox stands for its rectangle.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from schemas.coco import rle_problem
 from schemas.coco_rows import BoxRows, ImageRows
 from schemas.rows import canonical_json
 from transforms.kernels.hashing import fnv1a_64
+from transforms.kernels.masks import Raster, geometry_area
 
 
 @dataclass
@@ -74,19 +78,23 @@ def polygon_of(value):
     return shapely.MultiPolygon(parts) if all(p is not None for p in parts) else None
 
 
-def _geometry_problem(ann, geometry: str) -> str | None:
-    if geometry == "polygon":
-        if "raster" in ann:
-            return "raster annotations are not supported in native rows yet"
-        shape = polygon_of(ann.get("polygon"))
-        if shape is None:
-            return "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"
-        if not shape.is_valid:
-            return "polygon is not valid (it crosses itself or its rings overlap)"
-        return None
-    if "bbox" not in ann and ("polygon" in ann or "raster" in ann):
-        return "this annotation has no bbox: evaluate polygons with --iou_type segm"
-    box = ann.get("bbox")
+def raster_of(value):
+    """A Raster from a COCO RLE object (compressed string or list of run lengths), or the reason
+    it cannot be one (a str)."""
+    problem = rle_problem(value)
+    if problem:
+        return f"raster: {problem}"
+    rle = {"size": list(value["size"]), "counts": value["counts"]}
+    if isinstance(rle["counts"], list):
+        from pycocotools import mask as mask_utils
+
+        rle = mask_utils.frPyObjects(rle, *rle["size"])
+    elif isinstance(rle["counts"], str):
+        rle["counts"] = rle["counts"].encode("ascii")
+    return Raster(rle)
+
+
+def _box_problem(box) -> str | None:
     if not isinstance(box, list) or len(box) != 4 or not all(_finite(v) for v in box):
         return "bbox must be [xmin, ymin, xmax, ymax] with 4 finite numbers"
     if box[2] < box[0] or box[3] < box[1]:
@@ -94,7 +102,39 @@ def _geometry_problem(ann, geometry: str) -> str | None:
     return None
 
 
-def _annotation_problem(ann, scored: bool, geometry: str = "bbox") -> str | None:
+def geometry_of(ann: dict, geometry: str):
+    """The annotation's geometry for the IoU type, or the reason it has none (a str).
+
+    "bbox": the bbox, else the bounds of its polygon or raster (a tuple). "polygon" (segm): the
+    polygon (shapely) or raster (Raster), else its bbox as a rectangle. Keys are tried in that
+    order; the first one present decides."""
+    kinds = ("bbox", "polygon", "raster") if geometry == "bbox" else ("polygon", "raster", "bbox")
+    key = next((k for k in kinds if k in ann), None)
+    if key is None:
+        return "annotation has no bbox, polygon or raster"
+    if key == "bbox":
+        problem = _box_problem(ann["bbox"])
+        if problem:
+            return problem
+        if geometry == "bbox":
+            return tuple(float(v) for v in ann["bbox"])
+        import shapely
+
+        return shapely.box(*ann["bbox"])
+    if key == "polygon":
+        shape = polygon_of(ann["polygon"])
+        if shape is None:
+            return "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"
+        if not shape.is_valid:
+            return "polygon is not valid (it crosses itself or its rings overlap)"
+    else:
+        shape = raster_of(ann["raster"])
+        if isinstance(shape, str):
+            return shape
+    return shape.bounds if geometry == "bbox" else shape
+
+
+def _annotation_problem(ann, scored: bool) -> str | None:
     if not isinstance(ann, dict):
         return "each annotation must be an object"
     label = ann.get("label")
@@ -104,7 +144,7 @@ def _annotation_problem(ann, scored: bool, geometry: str = "bbox") -> str | None
         score = ann.get("score")
         if not _finite(score) or not 0.0 <= score <= 1.0:
             return f"score {score!r} is not a number in [0, 1]"
-    return _geometry_problem(ann, geometry)
+    return None
 
 
 def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str], file_id: int = 0,
@@ -126,21 +166,26 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
         elif not isinstance(row.get("annotations"), list):
             problem = "missing annotations"
         else:
-            problem = next((p for p in (_annotation_problem(a, scored, geometry)
-                                        for a in row["annotations"]) if p), None)
+            problem, geometries = None, []
+            for a in row["annotations"]:
+                problem = _annotation_problem(a, scored)
+                found = geometry_of(a, geometry) if problem is None else problem
+                if isinstance(found, str):
+                    problem = found
+                    break
+                geometries.append(found)
         if problem:
             bad.append((position, uid if isinstance(uid, str) else None, problem))
         else:
-            good.append((row, position))
-    uids = [row["datum_uid"] for row, _ in good]
+            good.append((row, position, geometries))
+    uids = [row["datum_uid"] for row, _, _ in good]
     image_id = stable_id(uids) if uids else np.zeros(0, np.int64)
-    position = np.array([p for _, p in good], dtype=np.int64)
-    anns = [(i, a) for i, (row, _) in enumerate(good) for a in row["annotations"]]
-    shapes = [polygon_of(a["polygon"]) for _, a in anns] if geometry == "polygon" else None
-    if shapes is not None:
-        boxes = np.array([s.bounds for s in shapes], dtype=np.float64).reshape(-1, 4)
-    else:
-        boxes = np.array([a["bbox"] for _, a in anns], dtype=np.float64).reshape(-1, 4)
+    position = np.array([p for _, p, _ in good], dtype=np.int64)
+    anns = [(i, a) for i, (row, _, _) in enumerate(good) for a in row["annotations"]]
+    found = [g for _, _, geometries in good for g in geometries]
+    shapes = found if geometry == "polygon" else None
+    boxes = np.array([s.bounds for s in shapes] if shapes is not None else found,
+                     dtype=np.float64).reshape(-1, 4)
     xywh = np.column_stack([boxes[:, 0], boxes[:, 1], boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]])
     owner = np.array([i for i, _ in anns], dtype=np.int64)
     labels = [a["label"] for _, a in anns]
@@ -149,7 +194,7 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
         category_id=stable_id(labels) if labels else np.zeros(0, np.int64),
         bbox=xywh.reshape(-1, 4),
         value=(np.array([a["score"] for _, a in anns], dtype=np.float64) if scored
-               else np.array([s.area for s in shapes]) if shapes is not None
+               else geometry_area(shapes) if shapes is not None
                else xywh[:, 2] * xywh[:, 3]),
         crowd=np.array([bool(a.get("iscrowd", False)) for _, a in anns], dtype=bool),
         segmentation=shapes,
@@ -164,7 +209,7 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
 
     images = ImageRows(image_id=image_id, height=np.zeros(len(good), np.int64),
                        width=np.zeros(len(good), np.int64),
-                       slices={k: [canonical_json(meta(row, k)) for row, _ in good] for k in slice_keys},
+                       slices={k: [canonical_json(meta(row, k)) for row, _, _ in good] for k in slice_keys},
                        position=position, file_id=np.full(len(good), file_id, np.int32), uid=uids)
     return images, box_rows, bad
 

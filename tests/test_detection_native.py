@@ -88,7 +88,7 @@ def test_native_rows_give_the_numbers_of_the_same_coco_files(tmp_path, seed):
     native_records = by_key(read_jsonl(tmp_path / "native" / "metrics.jsonl"))
     assert set(coco_records) == set(native_records)
     for key, value in coco_records.items():
-        if key[0] == "DetailedPrecisionRecallCurve":  # examples name datums differently
+        if key[0] in ("DetailedPrecisionRecallCurve", "ConfusionMatrix"):  # examples name datums differently
             assert strip_examples(native_records[key]) == strip_examples(value)
         elif isinstance(value, dict):
             assert native_records[key] == value, key
@@ -105,15 +105,18 @@ def test_native_parquet_slices_and_multiprocess(tmp_path):
     write_jsonl(tmp_path / "m.jsonl", pred_rows)
     pq.write_table(pa.Table.from_pylist(gt_rows), tmp_path / "gt.parquet")
     pq.write_table(pa.Table.from_pylist(pred_rows), tmp_path / "m.parquet")
+    write_jsonl(tmp_path / "gt_shuffled.jsonl", gt_rows[::-1])
+    write_jsonl(tmp_path / "m_shuffled.jsonl", pred_rows[1::2] + pred_rows[::2])
     outputs = []
     for name, gt, pred, extra in [("a", "gt.jsonl", "m.jsonl", ["--num_shards", "1"]),
                                   ("b", "gt.parquet", "m.parquet", ["--num_shards", "5"]),
-                                  ("c", "gt.jsonl", "m.jsonl", ["--num_shards", "3", *MULTIPROCESS])]:
+                                  ("c", "gt.jsonl", "m.jsonl", ["--num_shards", "3", *MULTIPROCESS]),
+                                  ("d", "gt_shuffled.jsonl", "m_shuffled.jsonl", ["--num_shards", "2"])]:
         assert run_detection("--groundtruths", tmp_path / gt, "--predictions", f"m={tmp_path / pred}",
                              "--output", tmp_path / name, "--quiet", "--slice", "site",
                              "--iou_thresholds", "0.5", *extra) == 0
         outputs.append((tmp_path / name / "metrics.jsonl").read_bytes())
-    assert outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
     slices = {json.dumps(r["slice"]) for r in read_jsonl(tmp_path / "a" / "metrics.jsonl")}
     assert slices == {"{}", '{"site": "a"}', '{"site": "b"}'}
 
@@ -124,7 +127,7 @@ def test_bad_native_rows(tmp_path):
         "{broken",
         {"datum_uid": "", "annotations": []},
         {"datum_uid": "b", "annotations": [{"label": "cat", "bbox": [10, 0, 5, 10]}]},
-        {"datum_uid": "c", "annotations": [{"label": "cat", "polygon": [[0, 0], [1, 0], [1, 1]]}]},
+        {"datum_uid": "c", "annotations": [{"label": "cat", "raster": {"size": [2, 2], "counts": "03"}}]},
         {"datum_uid": "d", "annotations": [{"bbox": [0, 0, 1, 1]}]},
         {"datum_uid": "e", "annotations": [{"label": "cat", "bbox": [0, 0, 10, 10]}]},
         {"datum_uid": "e", "annotations": []},
@@ -146,7 +149,7 @@ def test_bad_native_rows(tmp_path):
         ("groundtruths", 2, "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
         ("groundtruths", 3, "missing or empty datum_uid"),
         ("groundtruths", 4, "bbox has xmax < xmin or ymax < ymin"),
-        ("groundtruths", 5, "this annotation has no bbox: evaluate polygons with --iou_type segm"),
+        ("groundtruths", 5, "raster: RLE run lengths must be non-negative and add up to height * width = 4"),
         ("groundtruths", 6, "annotation without label"),
         ("groundtruths", 7, "datum_uid appears 2 times in groundtruths"),
         ("groundtruths", 8, "datum_uid appears 2 times in groundtruths"),
@@ -220,7 +223,7 @@ def test_polygon_iou_by_hand_and_bad_polygons(tmp_path):
     gt = [{"datum_uid": "a", "annotations": [{"label": "x", "polygon": [[0, 0], [4, 0], [4, 4], [0, 4]]}]},
           {"datum_uid": "b", "annotations": [{"label": "x", "polygon": [[0, 0], [4, 4], [4, 0], [0, 4]]}]},
           {"datum_uid": "c", "annotations": [{"label": "x", "polygon": [[0, 0], [1, 1]]}]},
-          {"datum_uid": "d", "annotations": [{"label": "x", "raster": {"size": [2, 2], "counts": "04"}}]}]
+          {"datum_uid": "d", "annotations": [{"label": "x", "raster": {"size": [2, 2], "counts": "0~"}}]}]
     preds = [{"datum_uid": "a", "annotations": [{"label": "x", "score": 0.9,
                                                  "polygon": [[0, 0], [4, 0], [0, 4]]}]}]
     write_jsonl(tmp_path / "gt.jsonl", gt)
@@ -236,5 +239,5 @@ def test_polygon_iou_by_hand_and_bad_polygons(tmp_path):
     assert reasons == [
         (2, "polygon is not valid (it crosses itself or its rings overlap)"),
         (3, "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"),
-        (4, "raster annotations are not supported in native rows yet"),
+        (4, "raster: RLE \"counts\" is not a valid compressed COCO RLE string"),
     ]

@@ -29,7 +29,7 @@ def valor_state(dataset, results, iou_type, protocol=VALOR):
     dts, _ = box_rows(results, detections=True, need_segmentation=segm)
     category_id = np.array(sorted(c["id"] for c in dataset["categories"]), dtype=np.int64)
     state = shard_state(images, gts, dts, category_id, iou_type, first_has_bbox(results), protocol)
-    return state[0] if isinstance(state, tuple) else state  # (CocoState, DetailedState)
+    return state[0] if isinstance(state, tuple) else state  # (CocoState, DetailedState, ConfusionState)
 
 
 def switched_off_oracle(dataset, results, iou_type):
@@ -134,7 +134,8 @@ def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
     kinds = {r["type"] for r in records}
     assert kinds == {"AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs", "AR", "mAR",
                      "ARAveragedOverScores", "mARAveragedOverScores", "Counts", "Precision",
-                     "Recall", "F1", "PrecisionRecallCurve", "DetailedPrecisionRecallCurve"}
+                     "Recall", "F1", "PrecisionRecallCurve", "DetailedPrecisionRecallCurve",
+                     "ConfusionMatrix"}
     # Counts at score threshold 0 and IoU 0.5: tp is pycocotools' final recall times the gts
     counts = {(r["parameters"]["iou_threshold"], r["parameters"]["score_threshold"],
                r["parameters"]["label"]): r["value"] for r in records if r["type"] == "Counts"}

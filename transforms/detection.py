@@ -27,8 +27,9 @@ from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_R
                                           BinnedState, CocoState, DetailedState, accumulate,
                                           accumulate_binned, coco_state, detailed_curve,
                                           pair_box_iou, summarize, valor_counts, valor_metrics)
+from transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.masks import pair_mask_iou, pair_polygon_iou
+from transforms.kernels.masks import as_polygon, geometry_area, pair_geometry_iou, pair_mask_iou
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
@@ -284,10 +285,8 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     dt_image = np.searchsorted(image_id, dts.image_id)
     crowd = gts.crowd if protocol.name == "coco" else np.zeros_like(gts.crowd)
     if iou_type == "segm" and gts.segmentation is not None and _are_shapes(gts.segmentation, dts.segmentation):
-        import shapely
-
-        dt_area = shapely.area(np.array(dts.segmentation, dtype=object)) if dts.segmentation else np.zeros(0)
-        pair_iou = pair_polygon_iou(dts.segmentation, gts.segmentation)
+        dt_area = geometry_area(dts.segmentation or [])
+        pair_iou = pair_geometry_iou(dts.segmentation, gts.segmentation)
     elif iou_type == "segm":
         from pycocotools import mask as mask_utils
 
@@ -312,9 +311,10 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     t = list(protocol.matching_thresholds).index(protocol.pr_curve_iou_threshold)
     uids = [images.uid[i] for i in order]
     hashes = stable_id(uids).view(np.uint64) if uids else np.zeros(0, np.uint64)
-    detailed = _detailed_state(kept, matched_gt[:, 0, t], dt_image, dt_label, dts, gt_image,
-                               gt_label, gts, pair_iou, protocol, category_id.size, uids, hashes)
-    return state, detailed
+    detailed, confusion = _valor_states(kept, matched_gt[:, 0, t], dt_image, dt_label, dts,
+                                        gt_image, gt_label, gts, pair_iou, protocol,
+                                        category_id.size, uids, hashes)
+    return state, detailed, confusion
 
 
 def _image_pairs(dt_image: np.ndarray, gt_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -333,49 +333,68 @@ def _geojson(box, shape) -> dict | None:
     if shape is not None:
         import shapely
 
-        return json.loads(shapely.to_geojson(shape))
+        return json.loads(shapely.to_geojson(as_polygon(shape)))
     if np.isnan(box).any():
         return None
     x, y, w, h = (float(v) for v in box)
     return {"type": "Polygon", "coordinates": [[[x, y], [x + w, y], [x + w, y + h], [x, y + h], [x, y]]]}
 
 
-def _detailed_state(kept, taken, dt_image, dt_label, dts, gt_image, gt_label, gts, pair_iou,
-                    protocol, n_labels, uids, hashes) -> DetailedState:
-    """DetailedState at the PR curve's IoU threshold; kept and taken come from coco_match."""
-    limit = min(protocol.pr_curve_iou_threshold, 1 - 1e-10)
+def _valor_states(kept, taken, dt_image, dt_label, dts, gt_image, gt_label, gts, pair_iou,
+                  protocol, n_labels, uids, hashes) -> tuple[DetailedState, ConfusionState]:
+    """The DetailedState (at the PR curve's IoU threshold; kept and taken come from coco_match)
+    and the ConfusionState of one shard."""
     score = dts.value
-    # other-label overlaps, within each image
     d, g = _image_pairs(dt_image, gt_image)
-    other = dt_label[d] != gt_label[g]
-    d, g = d[other], g[other]
-    overlap = pair_iou(d, g) >= limit if d.size else np.zeros(0, bool)
+    iou = pair_iou(d, g) if d.size else np.zeros(0)
+    shapes = dts.segmentation if _are_shapes(dts.segmentation or [], gts.segmentation or []) else None
+    gt_shapes = gts.segmentation if shapes is not None or _are_shapes(gts.segmentation or []) else None
+
+    def dt_example(i: int) -> dict:
+        return {"datum_uid": uids[dt_image[i]], "score": float(score[i]),
+                "geometry": _geojson(dts.bbox[i], shapes[i] if shapes else None)}
+
+    def gt_example(i: int) -> dict:
+        return {"datum_uid": uids[gt_image[i]],
+                "geometry": _geojson(gts.bbox[i], gt_shapes[i] if gt_shapes else None)}
+
+    dt_hash = hashes[dt_image] if score.size else np.zeros(0, np.uint64)
+    gt_hash = hashes[gt_image] if gts.value.size else np.zeros(0, np.uint64)
+    # Examples: smallest (datum hash, row position); annotations of one row keep their order.
+    dt_index, gt_index = np.arange(score.size), np.arange(gts.value.size)
+
+    # other-label overlaps at the PR curve's IoU threshold
+    other = (dt_label[d] != gt_label[g]) & (iou >= min(protocol.pr_curve_iou_threshold, 1 - 1e-10))
     misclassified = np.zeros(score.size, dtype=bool)
-    misclassified[d[overlap]] = True
+    misclassified[d[other]] = True
     other_best = np.full(gts.value.size, -1.0)
-    np.maximum.at(other_best, g[overlap], score[d[overlap]])
+    np.maximum.at(other_best, g[other], score[d[other]])
     taker = np.full(gts.value.size, -1.0)
     took = taken >= 0
     taker[taken[took]] = score[kept[took]]
     matched = np.zeros(score.size, dtype=bool)
     matched[kept[took]] = True
-    shapes = dts.segmentation if _are_shapes(dts.segmentation or [], gts.segmentation or []) else None
-    gt_shapes = gts.segmentation if shapes is not None or _are_shapes(gts.segmentation or []) else None
-
-    def describe(kind: int, i: int) -> dict:
-        if kind == 0:
-            return {"datum_uid": uids[dt_image[i]], "score": float(score[i]),
-                    "geometry": _geojson(dts.bbox[i], shapes[i] if shapes else None)}
-        return {"datum_uid": uids[gt_image[i]],
-                "geometry": _geojson(gts.bbox[i], gt_shapes[i] if gt_shapes else None)}
-
-    zeros_dt, zeros_gt = np.zeros(score.size, np.int64), np.zeros(gts.value.size, np.int64)
-    return detailed_curve(
+    detailed = detailed_curve(
         dt_label, score, matched, misclassified, gt_label, taker, other_best, n_labels,
         np.array(protocol.pr_curve_thresholds), protocol.max_examples,
-        (hashes[dt_image] if score.size else np.zeros(0, np.uint64), zeros_dt, dts.position),
-        (hashes[gt_image] if gts.value.size else np.zeros(0, np.uint64), zeros_gt, gts.position),
-        describe)
+        (dt_hash, dts.position, dt_index), (gt_hash, gts.position, gt_index),
+        lambda kind, i: dt_example(i) if kind == 0 else gt_example(i))
+
+    def describe(kind: int, i: int, j: int) -> dict:
+        if kind == 1:
+            return gt_example(j)
+        if kind == 2:
+            return dt_example(i)
+        pair = dt_example(i)
+        pair["prediction"] = pair.pop("geometry")
+        pair["groundtruth"] = gt_example(j)["geometry"]
+        return pair
+
+    confusion = confusion_state(
+        d, g, iou, dt_label, score, gt_label, n_labels, np.array(protocol.iou_thresholds),
+        np.array(protocol.score_thresholds), protocol.max_examples, (dt_hash, dts.position),
+        (gt_hash, gts.position), describe)
+    return detailed, confusion
 
 
 def _are_shapes(*lists) -> bool:
@@ -513,7 +532,7 @@ def _copy(state):
 
 
 def _merge(acc, state):
-    """Merge state into acc: a CocoState or BinnedState, or a (CocoState, DetailedState) pair."""
+    """Merge state into acc: a CocoState or BinnedState, or a tuple of states (valor protocol)."""
     if isinstance(acc, tuple):
         return tuple(a.merge(b) for a, b in zip(acc, state))
     return acc.merge(state)
@@ -546,14 +565,14 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
         return
     base = {"model": model, "slice": json.loads(slice_json)}
     if protocol.name == "valor":
-        state, detailed = state if isinstance(state, tuple) else (state, None)
+        state, detailed, confusion = state
         yield from _valor_records(state, categories, protocol, base)
-        if detailed is not None:
-            present = valor_present(state)
-            yield {"type": "DetailedPrecisionRecallCurve",
-                   "value": _detailed_value(detailed, categories, protocol, present),
-                   "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
-                                  "max_examples": protocol.max_examples}, **base}
+        present = valor_present(state)
+        yield {"type": "DetailedPrecisionRecallCurve",
+               "value": _detailed_value(detailed, categories, protocol, present),
+               "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
+                              "max_examples": protocol.max_examples}, **base}
+        yield from _confusion_records(confusion, categories, protocol, present, base)
         return
     if isinstance(state, BinnedState):
         yield from _binned_records(state, categories, iou_type, base)
@@ -661,6 +680,38 @@ def _detailed_value(detailed: DetailedState, categories, protocol: Protocol, pre
             }
         value[name] = per_threshold
     return value
+
+
+def _confusion_records(confusion: ConfusionState, categories, protocol: Protocol, present,
+                       base: dict):
+    """One ConfusionMatrix per (IoU threshold, score threshold), valor-lite's shape: plain
+    counts with --max_examples 0, else {"count", "examples"} in every cell."""
+    names = list(categories["name"])
+    K, S = len(names), len(protocol.score_thresholds)
+    width = K * K + 2 * K
+    labels = [k for k in range(K) if present[k]]
+    examples: dict = {}
+    for group, uid in zip(confusion.examples.group.tolist(), confusion.examples.uid.tolist()):
+        examples.setdefault(group, []).append(json.loads(uid))
+    for t, iou in enumerate(protocol.iou_thresholds):
+        for s, score in enumerate(protocol.score_thresholds):
+            matrix, unmatched_gt, unmatched_dt = confusion.unpack(t, s)
+            base_group = (t * S + s) * width
+
+            def cell(count, group):
+                if not protocol.max_examples:
+                    return int(count)
+                return {"count": int(count), "examples": examples.get(base_group + group, [])}
+
+            value = {
+                "confusion_matrix": {names[g]: {names[p]: cell(matrix[g, p], g * K + p) for p in labels}
+                                     for g in labels},
+                "unmatched_predictions": {names[p]: cell(unmatched_dt[p], K * K + K + p) for p in labels},
+                "unmatched_ground_truths": {names[g]: cell(unmatched_gt[g], K * K + g) for g in labels},
+            }
+            yield {"type": "ConfusionMatrix", "value": value,
+                   "parameters": {"iou_threshold": iou, "score_threshold": score,
+                                  "max_examples": protocol.max_examples}, **base}
 
 
 def _counts(tp_fp_fn) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.kernels.examples import ExampleSet
+from transforms.kernels.examples import ExampleSet, smallest_k
 
 IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
 RECALL_THRESHOLDS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
@@ -568,17 +568,6 @@ class DetailedState:
         return DetailedState(self.counts.copy(), self.examples, self.k)
 
 
-def _first_k_by_key(group: np.ndarray, keys: list[np.ndarray], k: int) -> np.ndarray:
-    """Indices of the k items with the smallest keys (compared in the order given) per group."""
-    if not group.size or k <= 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort(tuple(reversed(keys)) + (group,))
-    g = group[order]
-    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
-    rank = np.arange(g.size) - np.repeat(starts, np.diff(np.r_[starts, g.size]))
-    return order[rank < k]
-
-
 def detailed_curve(dt_label, dt_score, dt_matched, dt_misclassified, gt_label, gt_matcher_score,
                    gt_other_best, n_labels: int, thresholds: np.ndarray, k: int,
                    dt_where, gt_where, describe) -> DetailedState:
@@ -627,7 +616,7 @@ def detailed_curve(dt_label, dt_score, dt_matched, dt_misclassified, gt_label, g
     where = [np.where(kind == 0, dt_where[i][np.minimum(owner, max(len(dt_where[i]) - 1, 0))] if len(dt_where[i]) else 0,
                       gt_where[i][np.minimum(owner, max(len(gt_where[i]) - 1, 0))] if len(gt_where[i]) else 0)
              for i in range(3)]
-    chosen = _first_k_by_key(group, [where[0].astype(np.uint64), where[1], where[2]], k)
+    chosen = smallest_k(group, [where[0].astype(np.uint64), where[1], where[2]], k)
     uids = np.array([json.dumps(describe(int(kind[i]), int(owner[i])), sort_keys=True) for i in chosen],
                     dtype=object)
     examples = ExampleSet(group[chosen], where[0][chosen].astype(np.uint64), uids,

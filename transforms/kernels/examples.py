@@ -70,6 +70,18 @@ class ExampleSet:
         return out
 
 
+def smallest_k(group: np.ndarray, keys: list[np.ndarray], k: int) -> np.ndarray:
+    """Positions of the k items with the smallest keys (compared in the order given, then by
+    position) in each group: int64, grouped by group."""
+    if not group.size or k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(tuple(reversed(keys)) + (group,))
+    g = group[order]
+    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    rank = np.arange(g.size) - np.repeat(starts, np.diff(np.r_[starts, g.size]))
+    return order[rank < k]
+
+
 def first_k(groups: np.ndarray, k: int, n_groups: int) -> np.ndarray:
     """Positions of the first k items of each group, the sequence being in the preferred order
     (ascending hash): int64 positions, ascending. O(k * n), no sort.

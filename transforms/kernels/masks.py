@@ -53,3 +53,101 @@ def pair_polygon_iou(dt_shapes: list, gt_shapes: list):
         np.divide(inter, union, out=out, where=union > 0)
         return out
     return iou
+
+
+class Raster:
+    """A native raster annotation: a compressed COCO RLE ({"size": [h, w], "counts": bytes}).
+    Pixel (row y, column x) is the unit square [x, x + 1] x [y, y + 1], so its polygon form
+    (as_polygon) has exactly the mask's area and a raster's IoU is the same in either form."""
+
+    __slots__ = ("rle",)
+
+    def __init__(self, rle: dict):
+        self.rle = rle
+
+    def __reduce__(self):
+        return Raster, (self.rle,)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return tuple(self.rle["size"])
+
+    @property
+    def area(self) -> float:
+        from pycocotools import mask as mask_utils
+
+        return float(mask_utils.area(self.rle))
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(xmin, ymin, xmax, ymax) of the set pixels (zeros for an empty mask)."""
+        from pycocotools import mask as mask_utils
+
+        x, y, w, h = (float(v) for v in mask_utils.toBbox(self.rle))
+        return x, y, x + w, y + h
+
+
+def as_polygon(geometry):
+    """A shapely geometry of a raster (the union of its pixel squares) or the geometry itself."""
+    import shapely
+
+    if not isinstance(geometry, Raster):
+        return geometry
+    from pycocotools import mask as mask_utils
+
+    mask = mask_utils.decode(geometry.rle)
+    if not mask.any():
+        return shapely.Polygon()
+    # vertical runs of set pixels, column by column: each is one rectangle of the union
+    edges = np.diff(np.pad(mask, ((1, 1), (0, 0))).astype(np.int8), axis=0)
+    start_x, start_y = np.nonzero(edges.T == 1)
+    _, end_y = np.nonzero(edges.T == -1)
+    boxes = shapely.box(start_x, start_y, start_x + 1, end_y)
+    return shapely.union_all(boxes)
+
+
+def geometry_area(geometries: list) -> np.ndarray:
+    """float64 areas of shapely geometries and Rasters (pixel counts)."""
+    import shapely
+
+    return np.array([g.area if isinstance(g, Raster) else shapely.area(g) for g in geometries],
+                    dtype=np.float64)
+
+
+def pair_geometry_iou(dt_geometries: list, gt_geometries: list):
+    """pair_iou for native geometries (shapely polygons and Rasters mixed): two rasters of one
+    size are compared as masks (pycocotools), every other pair as polygons, rasters converted
+    with as_polygon (Valor's rule: a raster against a polygon is compared as a polygon)."""
+    dt_raster = np.array([isinstance(g, Raster) for g in dt_geometries], dtype=bool)
+    gt_raster = np.array([isinstance(g, Raster) for g in gt_geometries], dtype=bool)
+    if not dt_raster.any() and not gt_raster.any():
+        return pair_polygon_iou(dt_geometries, gt_geometries)
+    dt_size = np.array([g.size if isinstance(g, Raster) else (-1, -1) for g in dt_geometries]).reshape(-1, 2)
+    gt_size = np.array([g.size if isinstance(g, Raster) else (-1, -1) for g in gt_geometries]).reshape(-1, 2)
+    dt_rles = [g.rle if isinstance(g, Raster) else None for g in dt_geometries]
+    gt_rles = [g.rle if isinstance(g, Raster) else None for g in gt_geometries]
+    masks = pair_mask_iou(dt_rles, gt_rles, np.zeros(len(gt_geometries), dtype=bool))
+    cache: dict = {}
+
+    def polygons(geometries, index, tag):
+        out = []
+        for i in index.tolist():
+            key = (tag, i)
+            if key not in cache:
+                cache[key] = as_polygon(geometries[i])
+            out.append(cache[key])
+        return out
+
+    def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        out = np.zeros(dt_index.size)
+        both = (dt_raster[dt_index] & gt_raster[gt_index]
+                & (dt_size[dt_index] == gt_size[gt_index]).all(axis=1))
+        if both.any():
+            out[both] = masks(dt_index[both], gt_index[both])
+        rest = np.flatnonzero(~both)
+        if rest.size:
+            d, g = dt_index[rest], gt_index[rest]
+            out[rest] = pair_polygon_iou(polygons(dt_geometries, d, 0), polygons(gt_geometries, g, 1))(
+                np.arange(rest.size), np.arange(rest.size))
+        return out
+    return iou
