@@ -45,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pr_curve_iou_threshold", type=float, default=0.5,
                         help="IoU threshold of the valor protocol's PrecisionRecallCurve (default 0.5)")
     parser.add_argument("--score_bins", type=int, default=None, metavar="N",
-                        help="coco protocol: keep per-shard state as counts in N score bins "
-                             "(constant memory) and report each statistic as a lower and an "
-                             "upper bound that contain the exact value")
+                        help="keep per-shard state as counts in N score bins (constant memory); "
+                             "AP statistics come as a lower and an upper bound that contain the "
+                             "exact value (recall, counts and curves stay exact)")
     parser.add_argument("--max_examples", type=int, default=1, metavar="N",
                         help="examples per observation of the valor protocol's "
                              "DetailedPrecisionRecallCurve (default 1)")
@@ -69,8 +69,8 @@ def parse_args(argv: list[str]):
     if native and args.iou_type == "segm" and args.protocol == "coco":
         raise UsageError("the coco protocol rasterises masks with each image's size, which native "
                          "rows do not carry: use --protocol valor (exact polygon IoU) or COCO files")
-    if args.score_bins is not None and (args.score_bins < 1 or args.protocol != "coco"):
-        raise UsageError("--score_bins takes a number >= 1 and applies to the coco protocol")
+    if args.score_bins is not None and args.score_bins < 1:
+        raise UsageError("--score_bins takes a number >= 1")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
@@ -87,7 +87,7 @@ def parse_args(argv: list[str]):
                             tuple(sorted(set(parse_float_list(args.score_thresholds,
                                                               "--score_thresholds")))),
                             tuple(sorted(set(curve))), args.pr_curve_iou_threshold,
-                            max_examples=args.max_examples)
+                            score_bins=args.score_bins, max_examples=args.max_examples)
         if args.max_examples < 0:
             raise UsageError("--max_examples must be 0 or more")
         if len(protocol.matching_thresholds) > 16:

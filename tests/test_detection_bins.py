@@ -76,3 +76,52 @@ def test_score_bins_through_the_cli(tmp_path, shared_reference):
     assert summaries["upper"]["AP"] - summaries["lower"]["AP"] < 0.02
     info = json.loads((tmp_path / "1" / "run.json").read_text())
     assert info["options"]["score_bins"] == 100
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_valor_score_bins_bound_ap_and_keep_the_rest_exact(tmp_path, seed):
+    """--score_bins under the valor protocol: the AP family comes as bounds containing the exact
+    values; AR, Counts, P/R/F1, the curves and the confusion matrices are those of the exact run;
+    the output does not depend on the shard count."""
+    from pipelines.detection import run
+    from conftest import write_jsonl
+    from test_detection_native import make_dataset
+
+    _, _, gt_rows, pred_rows = make_dataset(seed)
+    write_jsonl(tmp_path / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "m.jsonl", pred_rows)
+    common = ["--groundtruths", str(tmp_path / "gt.jsonl"), "--predictions", str(tmp_path / "m.jsonl"),
+              "--quiet", "--iou_thresholds", "0.5,0.75", "--score_thresholds", "0.3,0.6"]
+    assert run(common + ["--output", str(tmp_path / "exact")]) == 0
+    for name, extra in (("b1", ["--num_shards", "1"]), ("b4", ["--num_shards", "4"])):
+        assert run(common + ["--output", str(tmp_path / name), "--score_bins", "8", *extra]) == 0
+    assert (tmp_path / "b1" / "metrics.jsonl").read_bytes() == (tmp_path / "b4" / "metrics.jsonl").read_bytes()
+
+    def key(r):
+        params = {k: v for k, v in r["parameters"].items() if k not in ("bound", "score_bins")}
+        return r["type"], json.dumps(params, sort_keys=True)
+
+    exact = {key(r): r["value"] for r in read_jsonl(tmp_path / "exact" / "metrics.jsonl")}
+    binned = read_jsonl(tmp_path / "b1" / "metrics.jsonl")
+    ap_kinds = {"AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs"}
+    bounds: dict = {}
+    for r in binned:
+        if r["type"] in ap_kinds:
+            assert r["parameters"]["score_bins"] == 8
+            bounds.setdefault(key(r), {})[r["parameters"]["bound"]] = r["value"]
+        else:
+            assert "bound" not in r["parameters"]
+            assert r["value"] == exact[key(r)], key(r)
+    assert set(bounds) | {key(r) for r in binned} == set(exact)
+    loose = 0
+    for k, b in bounds.items():
+        assert b["lower"] - 1e-12 <= exact[k] <= b["upper"] + 1e-12, k
+        loose += b["upper"] - b["lower"] > 1e-9
+    assert loose  # 8 bins are coarse: some bounds must be apart, or the test shows nothing
+    # one score per bin (distinct scores, fine bins): both bounds are the exact value
+    assert run(common + ["--output", str(tmp_path / "fine"), "--score_bins", "100000000"]) == 0
+    for r in read_jsonl(tmp_path / "fine" / "metrics.jsonl"):
+        if isinstance(r["value"], float):
+            assert r["value"] == pytest.approx(exact[key(r)], abs=1e-12), key(r)
+        else:
+            assert r["value"] == exact[key(r)], key(r)

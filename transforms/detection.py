@@ -24,7 +24,8 @@ from schemas.formats import format_of, position_name
 from schemas.rows import canonical_json, reject
 from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
-                                          BinnedState, CocoState, DetailedState, accumulate,
+                                          BinnedState, CocoState, DetailedState,
+                                          ValorBinnedState, accumulate,
                                           accumulate_binned, coco_state, detailed_curve,
                                           pair_box_iou, summarize, valor_counts, valor_metrics)
 from transforms.kernels.detection_confusion import ConfusionState, confusion_state
@@ -167,7 +168,7 @@ class Protocol:
     score_thresholds: tuple = (0.5,)
     pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
     pr_curve_iou_threshold: float = 0.5
-    score_bins: int | None = None   # coco only: constant-memory state, AP as [lower, upper] bounds
+    score_bins: int | None = None   # constant-memory state, AP as [lower, upper] bounds
     max_examples: int = 1
 
     @property
@@ -181,6 +182,20 @@ class Protocol:
         if self.name == "coco":
             return self.iou_thresholds
         return tuple(sorted(set(self.iou_thresholds) | {self.pr_curve_iou_threshold}))
+
+    @property
+    def counted_score_thresholds(self) -> np.ndarray:
+        """Score thresholds with exact counts under --score_bins (valor: metrics and curve)."""
+        return np.array(sorted(set(self.score_thresholds) | set(self.pr_curve_thresholds)))
+
+    def binned(self, state):
+        """The constant-memory form of a shard's state (--score_bins)."""
+        thresholds = np.array(self.matching_thresholds)
+        if self.name == "coco":
+            return BinnedState.from_state(state, self.score_bins, thresholds, MAX_DETS)
+        coco, detailed, confusion = state
+        return (ValorBinnedState.from_state(coco, self.score_bins, thresholds,
+                                            self.counted_score_thresholds), detailed, confusion)
 
     @property
     def options(self) -> dict:
@@ -505,8 +520,7 @@ class MatchDetections(ProgressDoFn):
                 state = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
                                     category_id, self.iou_type, area_from_bbox, self.protocol)
                 if self.protocol.score_bins:
-                    state = BinnedState.from_state(state, self.protocol.score_bins,
-                                                   np.array(self.protocol.iou_thresholds), MAX_DETS)
+                    state = self.protocol.binned(state)
                 yield (model, slice_json), state
         self.progress.say("match", f"matched shard {shard}")
 
@@ -567,7 +581,7 @@ def records(element, categories, iou_type: str, protocol: Protocol = COCO):
     if protocol.name == "valor":
         state, detailed, confusion = state
         yield from _valor_records(state, categories, protocol, base)
-        present = valor_present(state)
+        present = state.present if isinstance(state, ValorBinnedState) else valor_present(state)
         yield {"type": "DetailedPrecisionRecallCurve",
                "value": _detailed_value(detailed, categories, protocol, present),
                "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
@@ -602,17 +616,48 @@ def _binned_records(state: BinnedState, categories, iou_type: str, base: dict):
                    "parameters": dict(parameters, label=name, category_id=cid), **base}
 
 
-def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict):
-    """Valor's records (valor-lite's names and parameters) for the labels present."""
+AP_KINDS = ("AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs")
+
+
+def _valor_records(state, categories, protocol: Protocol, base: dict):
+    """Valor's records (valor-lite's names and parameters) for the labels present. Under
+    --score_bins (a ValorBinnedState) the AP family comes twice, as lower and upper bounds
+    (parameters score_bins and bound); everything else is exact and comes once."""
     matched = list(protocol.matching_thresholds)
     ious = list(protocol.iou_thresholds)
     use = [matched.index(t) for t in ious]
     scores = list(protocol.score_thresholds)
-    m = valor_metrics(state, np.array(matched), np.array(scores), use)
+    if isinstance(state, ValorBinnedState):
+        for bound in ("lower", "upper"):
+            m = state.metrics(np.array(matched), scores, use, upper=bound == "upper")
+            records = _valor_metric_records(m, categories, ious, use, scores, base,
+                                            {"score_bins": protocol.score_bins, "bound": bound})
+            yield from (r for r in records if (r["type"] in AP_KINDS) or bound == "lower")
+        curve_counts = state.curve_counts(protocol.pr_curve_thresholds)
+        present = state.present
+    else:
+        m = valor_metrics(state, np.array(matched), np.array(scores), use)
+        yield from _valor_metric_records(m, categories, ious, use, scores, base, {})
+        curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
+        present = m["present"]
+    i = matched.index(protocol.pr_curve_iou_threshold)
+    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
+    curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
+                    for j, s in enumerate(protocol.pr_curve_thresholds)}
+             for k, name in labels}
+    yield {"type": "PrecisionRecallCurve", "value": curve,
+           "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}, **base}
+
+
+def _valor_metric_records(m: dict, categories, ious, use, scores, base: dict, extra: dict):
+    """The scalar and Counts records of valor_metrics_from's output m; extra parameters are
+    added to the AP family only."""
     present = m["present"]
     labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
 
     def record(kind, value, **parameters):
+        if kind in AP_KINDS:
+            parameters.update(extra)
         return {"type": kind, "value": value if isinstance(value, dict) else float(value),
                 "parameters": parameters, **base}
 
@@ -640,12 +685,6 @@ def _valor_records(state: CocoState, categories, protocol: Protocol, base: dict)
                 yield record("Counts", {key: counts[key] for key in ("tp", "fp", "fn")}, **params)
                 for kind, key in (("Precision", "precision"), ("Recall", "recall"), ("F1", "f1_score")):
                     yield record(kind, counts[key], **params)
-    curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
-    i = matched.index(protocol.pr_curve_iou_threshold)
-    curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
-                    for j, s in enumerate(protocol.pr_curve_thresholds)}
-             for k, name in labels}
-    yield record("PrecisionRecallCurve", curve, pr_curve_iou_threshold=protocol.pr_curve_iou_threshold)
 
 
 def valor_present(state: CocoState) -> np.ndarray:

@@ -412,22 +412,26 @@ def valor_metrics(state: CocoState, thresholds: np.ndarray, score_thresholds: np
                   recall_thresholds: np.ndarray = RECALL_THRESHOLDS) -> dict:
     """Valor's detection metrics from a state built with one area range, no max_dets truncation
     and no crowd rule (the "valor" protocol) over the IoU `thresholds`; `use` picks the ones the
-    metrics report and average over (default all).
-
-    AP[t, k]: the mean over 101 recall points of the interpolated precision (pycocotools'
-    interpolation), 0 for a label that has predictions but no ground truth (Valor counts such a
-    label, with AP 0, in mAP). AR[s, k]: mean over IoU thresholds of recall counting only
-    detections with score >= s and score > 0. Means over labels cover the labels present (with
-    ground truth or predictions). counts: valor_counts() at the score thresholds."""
-    use = list(range(thresholds.size)) if use is None else use
+    metrics report and average over (default all). See valor_metrics_from."""
     precision, _ = accumulate(state, thresholds, recall_thresholds, max_dets=(None,))
-    K = state.n_categories
-    n_gt = state.n_gt[:, 0]
+    present = (state.n_gt[:, 0] > 0) | (np.bincount(state.category, minlength=state.n_categories) > 0)
+    return valor_metrics_from(precision, valor_counts(state, thresholds.size, score_thresholds),
+                              state.n_gt[:, 0], present, use)
+
+
+def valor_metrics_from(precision: np.ndarray, counts: np.ndarray, n_gt: np.ndarray,
+                       present: np.ndarray, use: list[int] | None = None) -> dict:
+    """Valor's metrics from pycocotools-shaped precision [T, R, K, 1, 1] (one area range, no
+    max_dets) and valor_counts() [T, S, K, 3] over the same T IoU thresholds.
+
+    AP[t, k]: the mean over the recall points of the interpolated precision, 0 for a label that
+    has predictions but no ground truth (Valor counts such a label, with AP 0, in mAP). AR[s, k]:
+    mean over IoU thresholds of recall counting only detections with score >= s and score > 0.
+    Means over labels cover the labels present (with ground truth or predictions)."""
+    use = list(range(precision.shape[0])) if use is None else use
     has_gt = n_gt > 0
-    present = has_gt | (np.bincount(state.category, minlength=K) > 0)
     ap = np.where(has_gt[None, :], precision[use, :, :, 0, 0].mean(axis=1), 0.0)       # [T, K]
-    counts = valor_counts(state, thresholds.size, score_thresholds)
-    recall = np.zeros((len(use), score_thresholds.size, K))
+    recall = np.zeros((len(use),) + counts.shape[1:3])
     np.divide(counts[use, :, :, 0], n_gt, out=recall, where=has_gt)
     ar = recall.mean(axis=0)                                                           # [S, K]
 
@@ -438,6 +442,49 @@ def valor_metrics(state: CocoState, thresholds: np.ndarray, score_thresholds: np
             "APAveragedOverIOUs": ap.mean(axis=0), "mAPAveragedOverIOUs": over_labels(ap.mean(axis=0)),
             "AR": ar, "mAR": over_labels(ar),
             "ARAveragedOverScores": ar.mean(axis=0), "mARAveragedOverScores": over_labels(ar.mean(axis=0))}
+
+
+@dataclass
+class ValorBinnedState:
+    """Constant-memory valor-protocol state (--score_bins N): the BinnedState (one area range, no
+    max_dets) for AP bounds, and the exact, additive valor_counts() [T, S, K, 3] at the score
+    thresholds known in advance (metric and PR-curve thresholds), so Counts, AR and the curve
+    stay exact. Matching is per datum, so a shard's counts are final for its datums."""
+
+    binned: "BinnedState"
+    score_thresholds: np.ndarray
+    counts: np.ndarray
+
+    @staticmethod
+    def from_state(state: CocoState, n_bins: int, thresholds: np.ndarray,
+                   score_thresholds: np.ndarray) -> "ValorBinnedState":
+        return ValorBinnedState(BinnedState.from_state(state, n_bins, thresholds, (None,)),
+                                score_thresholds, valor_counts(state, thresholds.size, score_thresholds))
+
+    def merge(self, other: "ValorBinnedState") -> "ValorBinnedState":
+        self.binned = self.binned.merge(other.binned)
+        self.counts = self.counts + other.counts
+        return self
+
+    def copy(self) -> "ValorBinnedState":
+        return ValorBinnedState(self.binned.copy(), self.score_thresholds, self.counts.copy())
+
+    @property
+    def present(self) -> np.ndarray:
+        b = self.binned
+        with_predictions = np.zeros(b.n_categories, dtype=bool)
+        with_predictions[b.key // (b.n_bins * b.n_classes)] = True
+        return (b.n_gt[:, 0] > 0) | with_predictions
+
+    def metrics(self, thresholds: np.ndarray, score_thresholds, use: list[int], upper: bool) -> dict:
+        """valor_metrics_from with AP's lower (upper=False) or upper bound; the rest is exact."""
+        precision, _ = accumulate_binned(self.binned, thresholds, upper=upper)
+        picked = [int(np.flatnonzero(self.score_thresholds == s)[0]) for s in score_thresholds]
+        return valor_metrics_from(precision, self.counts[:, picked], self.binned.n_gt[:, 0],
+                                  self.present, use)
+
+    def curve_counts(self, score_thresholds) -> np.ndarray:
+        return self.counts[:, [int(np.flatnonzero(self.score_thresholds == s)[0]) for s in score_thresholds]]
 
 
 # ----------------------------------------------------------------------------- score bins
@@ -466,7 +513,7 @@ class BinnedState:
         limits = [m for m in max_dets if m is not None]
         rank_class = np.searchsorted(np.array(limits, dtype=np.int64), state.rank, side="right")
         n_classes = len(max_dets)
-        score_bin = np.minimum((state.score * n_bins).astype(np.int64), n_bins - 1)
+        score_bin = np.clip((state.score * n_bins).astype(np.int64), 0, n_bins - 1)
         key = (state.category.astype(np.int64) * n_bins + score_bin) * n_classes + rank_class
         keep = rank_class < n_classes      # ranks beyond the largest max_dets never count
         unique, inverse = np.unique(key[keep], return_inverse=True)
