@@ -8,7 +8,8 @@ USAGE = """usage: evalbeam COMMAND [options]
 
 commands:
   classification   evaluate classification predictions (evalbeam classification --help)
-  detection        evaluate object detections, COCO protocol (evalbeam detection --help)
+  detection        evaluate object detections, COCO or Valor protocol (evalbeam detection --help)
+  segmentation     evaluate semantic segmentation masks (evalbeam segmentation --help)
   demo             make a small synthetic dataset, evaluate it and show the results
 
 See the README for input formats, options and outputs."""
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         from pipelines.classification import run
     elif command == "detection":
         from pipelines.detection import run
+    elif command == "segmentation":
+        from pipelines.segmentation import run
     elif command == "demo":
         from pipelines.demo import run
     else:

@@ -147,7 +147,8 @@ def default_num_shards(total_bytes: int) -> int:
 
 
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
-            task_options: dict, check_source, build, summarize, started: float) -> int:
+            task_options: dict, check_source, build, summarize, started: float,
+            min_shards: int = 1) -> int:
     """Everything a task's launcher does around its pipeline.
 
     Expands and checks the inputs (check_source(name, source) raises InputError), prepares the
@@ -175,7 +176,7 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
 
     total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
                       for s in sources.values() for path in s.files)
-    num_shards = args.num_shards or default_num_shards(total_bytes)
+    num_shards = args.num_shards or max(min_shards, default_num_shards(total_bytes))
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # multi-process and remote workers log at INFO by default; keep stderr for progress
         beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]

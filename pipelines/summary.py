@@ -85,3 +85,20 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
         return f"{title}\n{_table(['model', 'slice', 'mAP'], rows)}\n\n{inputs}"
     title = "\nDetection summary (COCO protocol; AP/AR at IoU .50:.95 unless named; maxDets 100)"
     return f"{title}\n{_table(['model', 'slice', *names], rows)}\n\n{inputs}"
+
+
+def segmentation_summary(metrics_path: str, counts: dict) -> str:
+    """One row per (model, slice): mIOU and pixel accuracy."""
+    found: dict = {}
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            if record["type"] in ("mIOU", "Accuracy"):
+                where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+                found.setdefault((record["model"], where), {})[record["type"]] = record["value"]
+    rows = [[model, where, f"{v.get('mIOU', 0):.4f}", f"{v.get('Accuracy', 0):.4f}"]
+            for (model, where), v in found.items()]
+    inputs = _table(["source", "rows read", "evaluated", "rejected"],
+                    [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
+                     for name, c in counts.items()])
+    return f"\nSemantic segmentation summary\n{_table(['model', 'slice', 'mIOU', 'accuracy'], rows)}\n\n{inputs}"

@@ -20,9 +20,9 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.coco import to_rle
 from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
 from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
-from schemas.formats import format_of, position_name
+from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles
+from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
                                           BinnedState, CocoState, DetailedState,
                                           ValorBinnedState, accumulate,
@@ -225,7 +225,7 @@ class ReadNativeFile(ProgressDoFn):
     def process(self, element):
         name, file_id = element
         path = self.sources[name].files[file_id]
-        rows, positions, rejected = _parse_rows(path)
+        rows, positions, rejected = parse_rows(path)
         scored = name != GROUNDTRUTHS
         where = position_name(path)
         first, boxes, bad = native_rows(rows, positions, scored,
@@ -245,27 +245,6 @@ class ReadNativeFile(ProgressDoFn):
             else:
                 yield shard, (name, (_take_images(first, index), boxes.take(box_index)))
         self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
-
-
-def _parse_rows(path: str):
-    """(rows, positions, [(position, None, reason)]) of a JSONL or Parquet file."""
-    rows, positions, rejected = [], [], []
-    with FileSystems.open(path) as stream:
-        if format_of(path) == "parquet":
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(stream)
-            rows = table.to_pylist()
-            return rows, list(range(len(rows))), []
-        for number, raw in enumerate(stream.read().split(b"\n"), start=1):
-            if not raw.strip():
-                continue
-            try:
-                rows.append(json.loads(raw))
-                positions.append(number)
-            except ValueError as error:
-                rejected.append((number, None, f"malformed JSON: {error}"))
-    return rows, positions, rejected
 
 
 def category_table(labels: set) -> dict:

@@ -216,6 +216,28 @@ class ReadFiles(beam.PTransform):
                 .with_outputs(*self.tags, main="pieces"))
 
 
+def parse_rows(path: str):
+    """(rows, positions, [(position, None, reason)]) of a whole JSONL (line numbers) or Parquet
+    (row numbers) file, for row formats with nested values (detection, segmentation)."""
+    rows, positions, rejected = [], [], []
+    with FileSystems.open(path) as stream:
+        if format_of(path) == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(stream)
+            rows = table.to_pylist()
+            return rows, list(range(len(rows))), []
+        for number, raw in enumerate(stream.read().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                rows.append(json.loads(raw))
+                positions.append(number)
+            except ValueError as error:
+                rejected.append((number, None, f"malformed JSON: {error}"))
+    return rows, positions, rejected
+
+
 class WriteJsonl(beam.PTransform):
     """Write all elements (dicts) to one JSONL file, sorted by sort_key: small outputs only."""
 

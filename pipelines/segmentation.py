@@ -1,0 +1,216 @@
+"""`evalbeam segmentation`: semantic segmentation metrics on Apache Beam, end to end.
+
+    evalbeam segmentation --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
+        [--label_names MAP] [--ignore_id ID] [options] [Beam pipeline options]
+    python -m pipelines.segmentation ...   (same flags)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
+                              parse_models, parse_slices, run_job, say_error, split_beam_args)
+from schemas.formats import format_of
+
+TASK = "segmentation"
+RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
+# decoding masks is the work: enough shards for the workers to share it evenly
+MIN_SHARDS = 16
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"evalbeam {TASK}", allow_abbrev=False,
+        description="Evaluate semantic segmentation predictions of one or more models against "
+                    "ground truth (pixel confusion matrices). Options not listed here are passed "
+                    "to Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
+    add_input_arguments(parser, ".jsonl or .parquet rows with segments or label_map_uri")
+    add_common_arguments(parser)
+    parser.add_argument("--label_names", default=None, metavar="MAP",
+                        help="class id -> label name of label-map images: 'ID=NAME,ID=NAME,...', "
+                             "'NAME,NAME,...' (ids 0, 1, ...), or a .json file ({\"ID\": NAME} or "
+                             "[NAME, ...]); required for label_map_uri rows")
+    parser.add_argument("--ignore_id", default="255", metavar="ID",
+                        help="label-map id of ground-truth pixels left out of every count; in a "
+                             "prediction it means 'no label' (default 255; 'none' to switch off)")
+    parser.add_argument("--unlabeled_id", default="none", metavar="ID",
+                        help="label-map id meaning 'no label' in ground truth and predictions "
+                             "alike (Valor's background: counted in Accuracy, the source of "
+                             "unmatched pixels; default none)")
+    return parser
+
+
+def _id_option(text: str, flag: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag} takes an integer or 'none', not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise UsageError(f"{flag} must lie in 0..65535")
+    return value
+
+
+def parse_label_names(text: str | None) -> dict[int, str] | None:
+    """{class id: label name} from --label_names (see build_parser)."""
+    if text is None:
+        return None
+    if text.lower().endswith(".json"):
+        from transforms.io import read_json
+
+        try:
+            value = read_json(text)
+        except Exception as error:
+            raise UsageError(f"cannot read --label_names file {text}: {error}") from None
+        items = list(enumerate(value)) if isinstance(value, list) else \
+            list(value.items()) if isinstance(value, dict) else None
+        if items is None:
+            raise UsageError(f"--label_names file {text} must hold an object or a list")
+    else:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if all("=" in p for p in parts):
+            items = [tuple(p.split("=", 1)) for p in parts]
+        elif not any("=" in p for p in parts):
+            items = list(enumerate(parts))
+        else:
+            raise UsageError("--label_names: use either ID=NAME pairs or names only, not both")
+    out: dict[int, str] = {}
+    for key, name in items:
+        try:
+            key = int(str(key).strip())
+        except ValueError:
+            raise UsageError(f"--label_names: {key!r} is not an integer class id") from None
+        if not 0 <= key <= 65535:
+            raise UsageError(f"--label_names: class id {key} is outside 0..65535")
+        if not isinstance(name, str) or not name.strip():
+            raise UsageError(f"--label_names: class id {key} needs a non-empty name")
+        if key in out:
+            raise UsageError(f"--label_names names class id {key} twice")
+        out[key] = name.strip()
+    if not out:
+        raise UsageError("--label_names is empty")
+    return out
+
+
+def parse_args(argv: list[str]):
+    args, rest = build_parser().parse_known_args(argv)
+    beam_args = split_beam_args(rest)
+    if args.num_shards is not None and args.num_shards < 1:
+        raise UsageError("--num_shards must be 1 or more")
+    if not 0.0 <= args.max_rejected_fraction <= 1.0:
+        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+    label_names = parse_label_names(args.label_names)
+    ignore_id = _id_option(args.ignore_id, "--ignore_id")
+    unlabeled_id = _id_option(args.unlabeled_id, "--unlabeled_id")
+    for flag, value in (("--ignore_id", ignore_id), ("--unlabeled_id", unlabeled_id)):
+        if value is not None and label_names and value in label_names:
+            raise UsageError(f"{flag} {value} is also a class in --label_names "
+                             f"({label_names[value]!r}); pick another id or 'none'")
+    if ignore_id is not None and ignore_id == unlabeled_id:
+        raise UsageError("--ignore_id and --unlabeled_id must differ")
+    ids = {"ignore_id": ignore_id, "unlabeled_id": unlabeled_id}
+    return args, label_names, ids, parse_models(args.predictions), parse_slices(args.slice), beam_args
+
+
+def _first_row(path: str):
+    """The first row of a JSONL or Parquet file (None if there is none or it is not JSON)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as stream:
+        if format_of(path) == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.ParquetFile(stream).read_row_group(0) if pq.ParquetFile(stream).num_row_groups else None
+            return table.slice(0, 1).to_pylist()[0] if table is not None and table.num_rows else None
+        for line in stream.read(1 << 20).split(b"\n"):
+            if line.strip():
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    return None
+    return None
+
+
+def check_source(name: str, source, label_names) -> None:
+    from transforms.io import InputError, preflight
+
+    for path in source.files:
+        if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
+            raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file of "
+                             "segmentation rows; see the README for the format.")
+    preflight(source, None, ("datum_uid",), [])
+    if label_names is None:
+        for path in source.files:
+            row = _first_row(path)
+            if isinstance(row, dict) and row.get("label_map_uri") is not None:
+                raise InputError(f"{path} (given for {name}) holds label maps (label_map_uri) but "
+                                 "--label_names is not set: say which label each class id is, e.g. "
+                                 "--label_names 0=road,1=car or --label_names names.json.")
+
+
+def build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shards, folder,
+                   quiet, started, run_info, max_rejected_fraction):
+    import apache_beam as beam
+
+    from transforms.classification import reject_sort_key
+    from transforms.io import WriteJsonl, finalize_run
+    from transforms.segmentation import EvaluateSegmentationFiles
+
+    metrics, rejected, stats = pipeline | "Segmentation" >> EvaluateSegmentationFiles(
+        sources, sorted(models), slices, label_names, ids["ignore_id"], num_shards, quiet, started,
+        ids["unlabeled_id"])
+    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
+    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
+    _ = (stats
+         | "SumStats" >> beam.CombinePerKey(sum)
+         | "GatherStats" >> beam.combiners.ToList()
+         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
+                                 max_rejected_fraction))
+
+
+def record_sort_key(record: dict):
+    """model, slice, type, label."""
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), str(record["parameters"].get("label", "")))
+
+
+def run(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    try:
+        args, label_names, ids, models, slices, beam_args = parse_args(argv)
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+
+    def build(pipeline, sources, num_shards, folder, run_info):
+        build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shards, folder,
+                       args.quiet, started, run_info, args.max_rejected_fraction)
+
+    def summarize(metrics_path, counts):
+        from pipelines.summary import segmentation_summary
+
+        return segmentation_summary(metrics_path, counts)
+
+    return run_job(TASK, args, models, slices, beam_args,
+                   {"label_names": {str(k): v for k, v in sorted((label_names or {}).items())},
+                    **ids},
+                   lambda name, source: check_source(name, source, label_names), build, summarize,
+                   started, min_shards=MIN_SHARDS)
+
+
+def main() -> None:
+    from pipelines.cli import quiet_logs
+
+    quiet_logs()
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Semantic segmentation rows (JSONL or Parquet), checked when read; masks are decoded later.
+
+Two row forms, for ground truth and predictions alike:
+  {"datum_uid": str, "metadata"?: {...}, "shape": [h, w],
+   "segments": [{"label": str, "rle": COCO RLE} | {"label": str, "mask_uri": str}, ...]}
+  {"datum_uid": str, "metadata"?: {...}, "shape"?: [h, w], "label_map_uri": str}
+A segment's mask is a COCO RLE ({"size": [h, w], "counts": str | [int, ...]}) or a PNG / .npy
+bitmask (non-zero = inside) named by URI; a label map is a single-channel PNG / .npy of class ids
+(named by --label_names). Relative URIs are relative to the folder of the file holding the row.
+What can only be checked on the pixels (mask sizes, overlapping ground truth, unknown ids,
+unreadable files) is checked by the matching step, which decodes them.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from schemas.coco import rle_problem
+from schemas.rows import canonical_json
+
+
+@dataclass
+class SegmentRow:
+    """A checked row: segments are (label, "rle" | "uri", RLE dict or URI); label_map is a URI
+    (then segments is empty); shape is (h, w) or None (label maps may omit it)."""
+
+    uid: str
+    position: int
+    file_id: int
+    shape: tuple | None
+    segments: list = field(default_factory=list)
+    label_map: str | None = None
+    slices: dict = field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _, _ in self.segments]
+
+
+def resolve_uri(uri: str, row_file: str) -> str:
+    """uri as is when absolute or with a scheme (gs://...), else relative to row_file's folder."""
+    if "://" in uri or uri.startswith("/"):
+        return uri
+    if "://" in row_file:
+        return posixpath.join(posixpath.dirname(row_file), uri)
+    import os
+
+    return os.path.join(os.path.dirname(row_file), uri)
+
+
+def _shape_problem(shape) -> str | None:
+    if not (isinstance(shape, list) and len(shape) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        return "shape must be [height, width] with positive integers"
+    return None
+
+
+def _segment_problem(segment, shape) -> str | None:
+    if not isinstance(segment, dict):
+        return "each segment must be an object"
+    label = segment.get("label")
+    if not isinstance(label, str) or not label:
+        return "segment without label"
+    has_rle, has_uri = "rle" in segment, "mask_uri" in segment
+    if has_rle == has_uri:
+        return "a segment needs exactly one of \"rle\" or \"mask_uri\""
+    if has_uri:
+        uri = segment["mask_uri"]
+        return None if isinstance(uri, str) and uri else "mask_uri must be a non-empty string"
+    problem = rle_problem(segment["rle"])
+    if problem:
+        return f"rle: {problem}"
+    if list(segment["rle"]["size"]) != list(shape):
+        return f"rle size {segment['rle']['size']} differs from the row's shape {list(shape)}"
+    return None
+
+
+def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slice_keys: list[str]):
+    """([SegmentRow], [(position, uid or None, reason)]) from parsed rows of one file."""
+    good, bad = [], []
+    for row, position in zip(rows, positions):
+        uid = row.get("datum_uid") if isinstance(row, dict) else None
+        problem = None
+        if not isinstance(row, dict):
+            problem = "row must be a JSON object"
+        elif not isinstance(uid, str) or not uid:
+            problem = "missing or empty datum_uid"
+        elif row.get("segments") is not None and row.get("label_map_uri") is not None:
+            problem = "a row has either \"segments\" or \"label_map_uri\", not both"
+        elif row.get("label_map_uri") is not None:
+            uri = row["label_map_uri"]
+            if not isinstance(uri, str) or not uri:
+                problem = "label_map_uri must be a non-empty string"
+            elif row.get("shape") is not None:
+                problem = _shape_problem(row["shape"])
+        elif not isinstance(row.get("segments"), list):
+            problem = "missing segments (or label_map_uri)"
+        else:
+            problem = _shape_problem(row.get("shape"))
+            if problem is None:
+                problem = next((p for p in (_segment_problem(s, row["shape"]) for s in row["segments"])
+                                if p), None)
+        if problem:
+            bad.append((position, uid if isinstance(uid, str) else None, problem))
+            continue
+        metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+        shape = tuple(row["shape"]) if row.get("shape") is not None else None
+        if row.get("label_map_uri") is not None:
+            segments, label_map = [], resolve_uri(row["label_map_uri"], file_path)
+        else:
+            segments = [(s["label"], "rle", s["rle"]) if "rle" in s
+                        else (s["label"], "uri", resolve_uri(s["mask_uri"], file_path))
+                        for s in row["segments"]]
+            label_map = None
+        good.append(SegmentRow(uid, int(position), file_id, shape, segments, label_map,
+                               {k: canonical_json(metadata.get(k)) for k in slice_keys}))
+    return good, bad

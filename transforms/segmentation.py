@@ -1,0 +1,434 @@
+"""Semantic segmentation on Beam: read rows, decode masks per shard, add pixel confusion matrices.
+
+Rows are read and checked cheaply (schemas/segmentation_rows.py) and keyed by the shard of their
+datum_uid; each shard then decodes its masks (RLE, PNG/.npy files through FileSystems, label maps),
+builds one (K + 1)^2 pixel confusion matrix per (datum, model) with one bincount, and adds them per
+(model, slice). Decoding happens after the shuffle, so workers share it. A CombineFn adds the
+shards' matrices; the labels are a side input (sorted names), so every shard agrees on codes.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from schemas.mask_files import MaskFileError, read_array
+from schemas.rows import canonical_json, reject
+from schemas.formats import position_name
+from schemas.segmentation_rows import SegmentRow, segment_rows
+from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
+from transforms.kernels.hashing import fnv1a_64
+from transforms.kernels.segmentation import (IGNORED, UNLABELED, label_map, pixel_confusion,
+                                             segmentation_metrics)
+
+GROUNDTRUTHS = "groundtruths"
+TAG_LABELS = "labels"
+UNKNOWN = -3
+PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
+
+
+@dataclass
+class SegmentationState:
+    """matrix int64[K + 1, K + 1] (transforms/kernels/segmentation.py); declared bool[K]: labels
+    named by a segment of an evaluated row (reported even without pixels, as Valor does)."""
+
+    matrix: np.ndarray
+    declared: np.ndarray
+
+    def merge(self, other: "SegmentationState") -> "SegmentationState":
+        self.matrix = self.matrix + other.matrix
+        self.declared = self.declared | other.declared
+        return self
+
+    def copy(self) -> "SegmentationState":
+        return SegmentationState(self.matrix.copy(), self.declared.copy())
+
+
+class RowProblem(Exception):
+    """Why a row's pixels cannot be used: its rejection reason."""
+
+
+def shard_of(uids: list[str], num_shards: int) -> np.ndarray:
+    """FNV-1a 64 of each datum_uid, mod num_shards."""
+    if not uids:
+        return np.zeros(0, dtype=np.int64)
+    return (fnv1a_64(pa.array(uids, pa.string())) % np.uint64(num_shards)).astype(np.int64)
+
+
+class ReadSegmentationFile(ProgressDoFn):
+    """(source name, file id) -> (shard, (source, [SegmentRow])) pieces; rejects and stats
+    tagged; TAG_LABELS: the set of segment labels seen."""
+
+    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        super().__init__(quiet, started)
+        self.sources = sources
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        rows, positions, rejected = parse_rows(path)
+        yield from row_pieces(name, rows, positions, rejected, path, file_id,
+                              self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
+                              position_name(path))
+        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+
+
+def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where):
+    """Check parsed rows of one source and yield their shard pieces (main output) with rejects,
+    stats and labels (tagged). path names the file in rejects (the source name for rows that come
+    from a PCollection, whose positions are None)."""
+    good, bad = segment_rows(rows, [-1 if p is None else p for p in positions], path, file_id, slice_keys)
+    for position, uid, reason in rejected + bad:
+        position = None if position is None or position < 0 else position
+        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+    yield beam.pvalue.TaggedOutput(TAG_LABELS, {label for row in good for label in row.labels})
+    shards = shard_of([row.uid for row in good], num_shards)
+    for shard in sorted(set(shards.tolist())):
+        yield int(shard), (name, [row for row, s in zip(good, shards.tolist()) if s == shard])
+
+
+class SegmentationRowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> shard pieces, like ReadSegmentationFile for files."""
+
+    def __init__(self, slice_keys: list[str], num_shards: int):
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def process(self, element):
+        source, batch = element
+        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
+                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards, "row")
+
+
+class LabelSet(beam.CombineFn):
+    """Union of label sets -> sorted list of names."""
+
+    def create_accumulator(self):
+        return set()
+
+    def add_input(self, acc, labels):
+        acc |= set(labels)
+        return acc
+
+    def merge_accumulators(self, accs):
+        return set().union(*accs)
+
+    def extract_output(self, acc):
+        return sorted(acc)
+
+
+def lookup_table(label_names: dict, codes: dict, ignore_id: int | None, unlabeled_id: int | None,
+                 groundtruth: bool) -> np.ndarray:
+    """int32[65536] table from label-map id to label code: UNKNOWN for ids --label_names does not
+    name, the unlabeled id to UNLABELED, the ignore id to IGNORED (ground truth: left out) or
+    UNLABELED (predictions: no label)."""
+    table = np.full(65536, UNKNOWN, dtype=np.int32)
+    for i, name in label_names.items():
+        table[i] = codes[name]
+    if unlabeled_id is not None:
+        table[unlabeled_id] = UNLABELED
+    if ignore_id is not None:
+        table[ignore_id] = IGNORED if groundtruth else UNLABELED
+    return table
+
+
+def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: bool):
+    """(int32[h, w] label codes, [codes of the row's segment labels]) or RowProblem."""
+    if row.label_map is not None:
+        if table is None:
+            raise RowProblem("label_map_uri needs --label_names (class id -> label name)")
+        try:
+            ids = read_array(row.label_map)
+        except MaskFileError as error:
+            raise RowProblem(str(error)) from None
+        if row.shape is not None and tuple(ids.shape) != tuple(row.shape):
+            raise RowProblem(f"label map {row.label_map} has shape {list(ids.shape)}, the row says "
+                             f"{list(row.shape)}")
+        if ids.dtype == bool:
+            ids = ids.astype(np.uint8)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.size):
+            raise RowProblem(f"label map {row.label_map} has ids outside 0..{table.size - 1}")
+        mapped = table[ids]
+        unknown = mapped == UNKNOWN
+        if unknown.any():
+            found = np.unique(ids[unknown])
+            raise RowProblem(f"label map {row.label_map} has ids that --label_names does not name: "
+                             f"{found[:10].tolist()}{' ...' if found.size > 10 else ''}")
+        return mapped, []
+    from pycocotools import mask as mask_utils
+
+    from schemas.coco import to_rle
+
+    h, w = row.shape
+    masks = []
+    for i, (label, kind, payload) in enumerate(row.segments):
+        if kind == "rle":
+            mask = mask_utils.decode(to_rle(payload, h, w)).astype(bool)
+        else:
+            try:
+                mask = read_array(payload) != 0
+            except MaskFileError as error:
+                raise RowProblem(f"segment {i} ({label}): {error}") from None
+        if mask.shape != (h, w):
+            raise RowProblem(f"segment {i} ({label}): mask shape {list(mask.shape)} differs from the "
+                             f"row's shape {[h, w]}")
+        masks.append(mask)
+    segment_codes = [codes[label] for label, _, _ in row.segments]
+    mapped, overlap = label_map((h, w), masks, segment_codes)
+    if overlap:
+        whose = "ground-truth" if groundtruth else "prediction"
+        raise RowProblem(f"{whose} segments overlap on {overlap} pixels (each pixel takes one label)")
+    return mapped, segment_codes
+
+
+class MatchSegmentation(ProgressDoFn):
+    """(shard, pieces) -> ((model, slice JSON), SegmentationState) per model and slice, plus
+    rejects and stats. Each datum's ground truth is decoded once and compared with each model's
+    prediction; a datum without a usable prediction counts as predicted "no label" everywhere."""
+
+    def __init__(self, models, slice_specs, label_names: dict | None, ignore_id: int | None,
+                 files: dict, quiet: bool, started: float, unlabeled_id: int | None = None):
+        super().__init__(quiet, started)
+        self.unlabeled_id = unlabeled_id
+        self.models = models
+        self.slice_specs = [tuple(s) for s in slice_specs]
+        self.label_names = label_names
+        self.ignore_id = ignore_id
+        self.files = files
+
+    def _reject(self, source, row: SegmentRow, reason: str):
+        if source in self.files:
+            path = self.files[source][row.file_id]
+            where = position_name(path)
+        else:  # rows from a PCollection (EvaluateSegmentation): no file, no position
+            path, where = source, "row"
+        position = row.position if row.position >= 0 else None
+        return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
+
+    def _unique(self, source, rows: list, outputs: list) -> dict:
+        """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected."""
+        seen: dict = {}
+        for row in rows:
+            seen.setdefault(row.uid, []).append(row)
+        out = {}
+        for uid, copies in seen.items():
+            if len(copies) == 1:
+                out[uid] = copies[0]
+            else:
+                outputs.extend(self._reject(source, r, f"datum_uid appears {len(copies)} times in "
+                                                       f"{source}") for r in copies)
+        return out
+
+    def process(self, element, labels):
+        shard, pieces = element
+        codes = {name: i for i, name in enumerate(labels)}
+        K = len(labels)
+        tables = None
+        if self.label_names is not None:
+            tables = {gt: lookup_table(self.label_names, codes, self.ignore_id, self.unlabeled_id, gt)
+                      for gt in (True, False)}
+        by_source: dict = {}
+        for source, rows in pieces:
+            by_source.setdefault(source, []).extend(rows)
+        outputs: list = []
+        truths = self._unique(GROUNDTRUTHS, by_source.get(GROUNDTRUTHS, []), outputs)
+        predictions = {m: self._unique(m, by_source.get(m, []), outputs) for m in self.models}
+        evaluated = {source: 0 for source in [GROUNDTRUTHS, *self.models]}
+        states: dict = {}
+        for uid in sorted(truths):
+            row = truths[uid]
+            try:
+                truth, truth_codes = decode(row, codes, tables and tables[True], True)
+            except RowProblem as error:
+                outputs.append(self._reject(GROUNDTRUTHS, row, str(error)))
+                continue
+            evaluated[GROUNDTRUTHS] += 1
+            groups = ["{}"] + [canonical_json({k: json.loads(row.slices[k]) for k in spec})
+                               for spec in self.slice_specs]
+            for model in self.models:
+                declared = list(truth_codes)
+                prediction = np.full(truth.shape, UNLABELED, dtype=np.int32)
+                pred_row = predictions[model].pop(uid, None)
+                if pred_row is not None:
+                    try:
+                        found, pred_codes = decode(pred_row, codes, tables and tables[False], False)
+                        if found.shape != truth.shape:
+                            raise RowProblem(f"shape {list(found.shape)} differs from the ground "
+                                             f"truth's {list(truth.shape)}")
+                        prediction = found
+                        declared += pred_codes
+                        evaluated[model] += 1
+                    except RowProblem as error:
+                        outputs.append(self._reject(model, pred_row, str(error)))
+                matrix = pixel_confusion(truth, prediction, K)
+                for group in groups:
+                    state = states.get((model, group))
+                    if state is None:
+                        state = states[(model, group)] = SegmentationState(
+                            np.zeros((K + 1, K + 1), dtype=np.int64), np.zeros(K, dtype=bool))
+                    state.matrix += matrix
+                    state.declared[declared] = True
+        for model in self.models:  # predictions whose datum has no usable ground truth
+            for row in predictions[model].values():
+                outputs.append(self._reject(model, row, "no valid ground truth for this datum_uid"))
+        yield from outputs
+        for source in [GROUNDTRUTHS, *self.models]:
+            n_rows = len(by_source.get(source, []))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), evaluated[source]))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), n_rows - evaluated[source]))
+        for key in sorted(states):
+            yield key, states[key]
+        self.progress.say("match", f"matched shard {shard}")
+
+
+class SegmentationCombineFn(beam.CombineFn):
+    """Adds SegmentationStates (exact: integer sums and set unions)."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, state):
+        return state.copy() if acc is None else acc.merge(state)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for acc in accs:
+            if acc is not None:
+                out = acc.copy() if out is None else out.merge(acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def records(element, labels):
+    """((model, slice JSON), SegmentationState) -> Valor's records for the labels present: those
+    named by an evaluated segment or with pixels in the ground truth or a prediction."""
+    (model, slice_json), state = element
+    base = {"model": model, "slice": json.loads(slice_json)}
+    matrix = state.matrix
+    pixels = (matrix[1:, :].sum(axis=1) + matrix[:, 1:].sum(axis=0)) > 0
+    keep = np.flatnonzero(state.declared | pixels)
+    # the metrics of the labels present: drop the others' rows and columns (they are all zero)
+    index = np.r_[0, keep + 1]
+    m = segmentation_metrics(matrix[np.ix_(index, index)])
+    names = [labels[k] for k in keep]
+
+    def record(kind, value, **parameters):
+        return {"type": kind, "value": value, "parameters": parameters, **base}
+
+    yield record("Accuracy", float(m["accuracy"]))
+    yield record("mIOU", float(m["mIOU"]))
+    for i, name in enumerate(names):
+        yield record("IOU", float(m["IOU"][i]), label=name)
+        yield record("Precision", float(m["precision"][i]), label=name)
+        yield record("Recall", float(m["recall"][i]), label=name)
+        yield record("F1", float(m["f1"][i]), label=name)
+    inner = matrix[np.ix_(index, index)]
+    yield record("ConfusionMatrix", {
+        "confusion_matrix": {g: {p: {"iou": float(m["iou"][i, j]), "count": int(inner[i + 1, j + 1])}
+                                 for j, p in enumerate(names)} for i, g in enumerate(names)},
+        "unmatched_predictions": {p: {"ratio": float(m["unmatched_prediction_ratio"][j]),
+                                      "count": int(m["unmatched_prediction_pixels"][j])}
+                                  for j, p in enumerate(names)},
+        "unmatched_ground_truths": {g: {"ratio": float(m["unmatched_groundtruth_ratio"][i]),
+                                        "count": int(m["unmatched_groundtruth_pixels"][i])}
+                                    for i, g in enumerate(names)},
+    })
+
+
+def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id, files, quiet,
+              started):
+    """The shared tail: labels side input, match per shard, combine, records."""
+    declared = sorted(set((label_names or {}).values()))
+    labels = beam.pvalue.AsSingleton(
+        (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
+        | "AllLabels" >> beam.Flatten()
+        | "Labels" >> beam.CombineGlobally(LabelSet()))
+    matched = (read.pieces
+               | "GroupByShard" >> beam.GroupByKey()
+               | "Match" >> beam.ParDo(MatchSegmentation(
+                   models, slices, label_names, ignore_id, files, quiet, started, unlabeled_id),
+                   labels)
+               .with_output_types(PARTIAL)
+               .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+    metrics = (matched.partials
+               | "Combine" >> beam.CombinePerKey(SegmentationCombineFn())
+               | "Records" >> beam.FlatMap(records, labels))
+    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
+    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    return metrics, rejected, stats
+
+
+class EvaluateSegmentationFiles(beam.PTransform):
+    """Segmentation row files (Sources) -> (metric records, rejects, stats)."""
+
+    def __init__(self, sources, models, slices, label_names: dict | None, ignore_id: int | None,
+                 num_shards: int, quiet: bool, started: float, unlabeled_id: int | None = None):
+        super().__init__()
+        self.unlabeled_id = unlabeled_id
+        self.sources = sources
+        self.models = models
+        self.slices = slices
+        self.label_names = label_names
+        self.ignore_id = ignore_id
+        self.num_shards = num_shards
+        self.quiet = quiet
+        self.started = started
+
+    def expand(self, pbegin):
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        read = pbegin | "ReadFiles" >> ReadFiles(
+            self.sources, ReadSegmentationFile(self.sources, slice_keys, self.num_shards, self.quiet,
+                                               self.started),
+            (TAG_REJECTED, TAG_STATS, TAG_LABELS))
+        return _evaluate(pbegin, read, self.models, self.slices, self.label_names, self.ignore_id,
+                         self.unlabeled_id, {n: s.files for n, s in self.sources.items()},
+                         self.quiet, self.started)
+
+
+class EvaluateSegmentation(beam.PTransform):
+    """Semantic segmentation metrics for a user's own pipeline.
+
+    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
+    in the README; relative mask URIs are relative to the working directory). Output: a
+    PCollection of metric records; with with_diagnostics=True, (records, rejects, stats)."""
+
+    def __init__(self, slices=(), label_names: dict | None = None, ignore_id: int | None = 255,
+                 unlabeled_id: int | None = None, num_shards: int = 16, batch_size: int = 1000,
+                 with_diagnostics: bool = False):
+        super().__init__()
+        self.slices = [tuple(s) for s in slices]
+        self.label_names = label_names
+        self.ignore_id = ignore_id
+        self.unlabeled_id = unlabeled_id
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    def expand(self, pcolls):
+        if GROUNDTRUTHS not in pcolls:
+            raise ValueError(f"EvaluateSegmentation needs a {GROUNDTRUTHS!r} PCollection")
+        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        batches = [pcolls[name]
+                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
+                   for name in [GROUNDTRUTHS] + models]
+        read = (batches
+                | "Batches" >> beam.Flatten()
+                | "Rows" >> beam.ParDo(SegmentationRowsFromDicts(slice_keys, self.num_shards))
+                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_LABELS, main="pieces"))
+        pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
+        metrics, rejected, stats = _evaluate(pbegin, read, models, self.slices, self.label_names,
+                                             self.ignore_id, self.unlabeled_id, {}, True, 0.0)
+        return (metrics, rejected, stats) if self.with_diagnostics else metrics
