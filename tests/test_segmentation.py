@@ -13,7 +13,8 @@ from pycocotools import mask as mask_utils
 from sklearn.metrics import confusion_matrix
 
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
-from transforms.kernels.segmentation import IGNORED, UNLABELED, pixel_confusion, segmentation_metrics
+from transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
+                                             segmentation_metrics)
 
 LABELS = ["building", "car", "road", "sky", "tree"]
 
@@ -27,25 +28,48 @@ def run_segmentation(*args) -> int:
 # ----------------------------------------------------------------------------- kernel
 
 
+def confusion_of_codes(gt: np.ndarray, pd: np.ndarray | None, K: int, dtype=np.uint8) -> np.ndarray:
+    """pixel_confusion of label-code maps (-2 ignored, -1 unlabeled, 0..K-1 labels), through ids
+    code + 2 and the table [IGNORED, UNLABELED, 0, ..., K-1]."""
+    table = np.array([IGNORED, UNLABELED, *range(K)], dtype=np.int32)
+    return pixel_confusion((gt + 2).astype(dtype), None if pd is None else (pd + 2).astype(dtype),
+                           table, table, K)
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_pixel_confusion_equals_sklearn(seed):
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32])   # the bincount and the np.unique paths
+def test_pixel_confusion_equals_sklearn(seed, dtype):
     rng = np.random.default_rng(seed)
     K = int(rng.integers(1, 9))
     h, w = (int(v) for v in rng.integers(1, 50, 2))
-    gt = rng.integers(-2, K, (h, w)).astype(np.int32)        # with ignored and unlabeled pixels
-    pd = rng.integers(-1, K, (h, w)).astype(np.int32)
-    matrix = pixel_confusion(gt, pd, K)
+    gt = rng.integers(-2, K, (h, w))                          # with ignored and unlabeled pixels
+    pd = rng.integers(-1, K, (h, w))
+    matrix = confusion_of_codes(gt, pd, K, dtype)
     keep = gt.ravel() != IGNORED
     expected = confusion_matrix(gt.ravel()[keep], pd.ravel()[keep], labels=list(range(-1, K)))
     assert np.array_equal(matrix, expected)
     assert matrix.sum() == keep.sum()
+    # no prediction: every counted pixel is predicted "no label"
+    alone = confusion_of_codes(gt, None, K, dtype)
+    assert np.array_equal(alone[:, 0], expected.sum(axis=1)) and alone[:, 1:].sum() == 0
+
+
+def test_unknown_ids_are_reported_by_side():
+    table = np.array([UNLABELED, 0, 1, -3], dtype=np.int32)     # id 3 names nothing
+    ok = np.array([[0, 1], [2, 2]], np.uint8)
+    with pytest.raises(UnknownIds) as found:
+        pixel_confusion(np.array([[0, 3], [5, 1]], np.uint8), ok, table, table, 2)
+    assert found.value.side == "groundtruth" and found.value.ids == [5]   # beyond the table first
+    with pytest.raises(UnknownIds) as found:
+        pixel_confusion(ok, np.array([[3, 3], [0, 1]], np.uint8), table, table, 2)
+    assert found.value.side == "prediction" and found.value.ids == [3]
 
 
 def test_pixel_confusion_degenerate_cases():
-    empty = np.zeros((0, 0), np.int32)
-    assert pixel_confusion(empty, empty, 3).sum() == 0
-    everything_ignored = np.full((4, 4), IGNORED, np.int32)
-    assert pixel_confusion(everything_ignored, np.zeros((4, 4), np.int32), 2).sum() == 0
+    empty = np.zeros((0, 0), np.int64)
+    assert confusion_of_codes(empty, empty, 3).sum() == 0
+    everything_ignored = np.full((4, 4), IGNORED)
+    assert confusion_of_codes(everything_ignored, np.zeros((4, 4), np.int64), 2).sum() == 0
     m = segmentation_metrics(np.zeros((3, 3), np.int64))
     assert m["accuracy"] == 0.0 and m["mIOU"] == 0.0 and not m["precision"].any()
     assert segmentation_metrics(np.zeros((1, 1), np.int64))["mIOU"] == 0.0     # no labels
@@ -78,7 +102,7 @@ def test_metrics_by_hand():
     is (1/2 of a's predictions); a predicted as b once: iou[a, b] = 1/(2 + 3 - 1)."""
     gt = np.array([[0, 0, 1], [UNLABELED, 1, 1]])
     pd = np.array([[0, 1, 1], [0, UNLABELED, 1]])
-    m = segmentation_metrics(pixel_confusion(gt, pd, 2))
+    m = segmentation_metrics(confusion_of_codes(gt, pd, 2))
     assert m["precision"] == pytest.approx([1 / 2, 2 / 3])
     assert m["recall"] == pytest.approx([1 / 2, 2 / 3])
     assert m["IOU"] == pytest.approx([1 / 3, 1 / 2])
@@ -268,7 +292,8 @@ def test_ignore_and_unlabeled_ids(tmp_path):
                             "--output", tmp_path / "out2", "--quiet", "--label_names", "x,y",
                             "--ignore_id", "none") == 1
     reasons = [x["reason"] for x in read_jsonl(tmp_path / "out2" / "rejected.jsonl")]
-    assert any("ids that --label_names does not name: [255]" in reason for reason in reasons)
+    assert reasons == ["the ground truth label map has ids that --label_names does not name: [255]",
+                       "no valid ground truth for this datum_uid"]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -23,12 +23,11 @@ from schemas.formats import position_name
 from schemas.segmentation_rows import SegmentRow, segment_rows
 from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
 from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.segmentation import (IGNORED, UNLABELED, label_map, pixel_confusion,
-                                             segmentation_metrics)
+from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
+                                             label_ids, pixel_confusion, segmentation_metrics)
 
 GROUNDTRUTHS = "groundtruths"
 TAG_LABELS = "labels"
-UNKNOWN = -3
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -142,7 +141,10 @@ def lookup_table(label_names: dict, codes: dict, ignore_id: int | None, unlabele
 
 
 def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: bool):
-    """(int32[h, w] label codes, [codes of the row's segment labels]) or RowProblem."""
+    """(ids[h, w], id -> code table, [codes of the row's segment labels]) or RowProblem.
+
+    Label maps keep their class ids and use the --label_names table; segments become segment
+    numbers (label_ids) with their own table. Unknown ids are found later, by pixel_confusion."""
     if row.label_map is not None:
         if table is None:
             raise RowProblem("label_map_uri needs --label_names (class id -> label name)")
@@ -155,15 +157,9 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
                              f"{list(row.shape)}")
         if ids.dtype == bool:
             ids = ids.astype(np.uint8)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.size):
-            raise RowProblem(f"label map {row.label_map} has ids outside 0..{table.size - 1}")
-        mapped = table[ids]
-        unknown = mapped == UNKNOWN
-        if unknown.any():
-            found = np.unique(ids[unknown])
-            raise RowProblem(f"label map {row.label_map} has ids that --label_names does not name: "
-                             f"{found[:10].tolist()}{' ...' if found.size > 10 else ''}")
-        return mapped, []
+        if ids.dtype.kind == "i" and ids.size and int(ids.min()) < 0:
+            raise RowProblem(f"label map {row.label_map} has negative ids")
+        return ids, table, []
     from pycocotools import mask as mask_utils
 
     from schemas.coco import to_rle
@@ -183,11 +179,16 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
                              f"row's shape {[h, w]}")
         masks.append(mask)
     segment_codes = [codes[label] for label, _, _ in row.segments]
-    mapped, overlap = label_map((h, w), masks, segment_codes)
+    ids, overlap = label_ids((h, w), masks, len(codes))
     if overlap:
         whose = "ground-truth" if groundtruth else "prediction"
         raise RowProblem(f"{whose} segments overlap on {overlap} pixels (each pixel takes one label)")
-    return mapped, segment_codes
+    return ids, code_table(segment_codes), segment_codes
+
+
+def _unknown_reason(error: UnknownIds, whose: str) -> str:
+    return (f"the {whose} label map has ids that --label_names does not name: "
+            f"{error.ids[:10]}{' ...' if len(error.ids) > 10 else ''}")
 
 
 class MatchSegmentation(ProgressDoFn):
@@ -228,6 +229,35 @@ class MatchSegmentation(ProgressDoFn):
                                                        f"{source}") for r in copies)
         return out
 
+    def _compare(self, uid, truth, truth_table, truth_codes, predictions, codes, tables, K):
+        """[(model, matrix, declared codes, prediction row or None, rejection reason or None)]
+        for one datum, or the ground truth's rejection reason (unknown ids). A prediction that
+        cannot be used is rejected and the datum counts as predicted "no label"."""
+        done = []
+        for model in self.models:
+            pred_row = predictions[model].get(uid)
+            prediction, pred_table, problem, declared = None, None, None, list(truth_codes)
+            if pred_row is not None:
+                try:
+                    prediction, pred_table, pred_codes = decode(pred_row, codes, tables and tables[False], False)
+                    if prediction.shape != truth.shape:
+                        raise RowProblem(f"shape {list(prediction.shape)} differs from the ground "
+                                         f"truth's {list(truth.shape)}")
+                    declared += pred_codes
+                except RowProblem as error:
+                    prediction, problem = None, str(error)
+            try:
+                matrix = pixel_confusion(truth, prediction, truth_table, pred_table, K)
+            except UnknownIds as error:
+                if error.side == "groundtruth":
+                    return _unknown_reason(error, "ground truth")
+                problem, declared = _unknown_reason(error, "prediction"), list(truth_codes)
+                matrix = pixel_confusion(truth, None, truth_table, None, K)
+            done.append((model, matrix, declared, pred_row, problem))
+        for model in self.models:
+            predictions[model].pop(uid, None)
+        return done
+
     def process(self, element, labels):
         shard, pieces = element
         codes = {name: i for i, name in enumerate(labels)}
@@ -247,29 +277,22 @@ class MatchSegmentation(ProgressDoFn):
         for uid in sorted(truths):
             row = truths[uid]
             try:
-                truth, truth_codes = decode(row, codes, tables and tables[True], True)
+                truth, truth_table, truth_codes = decode(row, codes, tables and tables[True], True)
             except RowProblem as error:
                 outputs.append(self._reject(GROUNDTRUTHS, row, str(error)))
+                continue
+            done = self._compare(uid, truth, truth_table, truth_codes, predictions, codes, tables, K)
+            if isinstance(done, str):   # the ground truth holds unknown ids
+                outputs.append(self._reject(GROUNDTRUTHS, row, done))
                 continue
             evaluated[GROUNDTRUTHS] += 1
             groups = ["{}"] + [canonical_json({k: json.loads(row.slices[k]) for k in spec})
                                for spec in self.slice_specs]
-            for model in self.models:
-                declared = list(truth_codes)
-                prediction = np.full(truth.shape, UNLABELED, dtype=np.int32)
-                pred_row = predictions[model].pop(uid, None)
-                if pred_row is not None:
-                    try:
-                        found, pred_codes = decode(pred_row, codes, tables and tables[False], False)
-                        if found.shape != truth.shape:
-                            raise RowProblem(f"shape {list(found.shape)} differs from the ground "
-                                             f"truth's {list(truth.shape)}")
-                        prediction = found
-                        declared += pred_codes
-                        evaluated[model] += 1
-                    except RowProblem as error:
-                        outputs.append(self._reject(model, pred_row, str(error)))
-                matrix = pixel_confusion(truth, prediction, K)
+            for model, matrix, declared, pred_row, problem in done:
+                if problem is not None:
+                    outputs.append(self._reject(model, pred_row, problem))
+                elif pred_row is not None:
+                    evaluated[model] += 1
                 for group in groups:
                     state = states.get((model, group))
                     if state is None:

@@ -1,8 +1,9 @@
 """Semantic segmentation kernels: per-datum pixel confusion matrices and Valor's metrics.
 
-Label codes: 0..K-1 are labels; UNLABELED (-1) marks a pixel no segment covers (Valor's
-"background": not a class, the source of unmatched pixels); IGNORED (-2) marks a ground-truth
-pixel left out of every count (the label map's ignore id).
+Pixels arrive as ids (a label map's class ids, or segment numbers, see label_ids) and a table
+maps each id to a label code: 0..K-1 are labels; UNLABELED (-1) marks a pixel no segment covers
+(Valor's "background": not a class, the source of unmatched pixels); IGNORED (-2) marks a
+ground-truth pixel left out of every count (the label map's ignore id).
 
 The confusion matrix has K + 1 rows and columns: row/column 0 is "unlabeled", row/column k + 1
 is label k; matrix[g, p] counts the pixels whose ground truth is g and prediction is p. It is
@@ -15,38 +16,93 @@ import numpy as np
 
 UNLABELED = -1
 IGNORED = -2
+UNKNOWN = -3   # a table entry for an id that names no label
 
 
-def label_map(shape: tuple[int, int], masks: list[np.ndarray], codes: list[int]) -> tuple[np.ndarray, int]:
-    """(int32[h, w] label codes, number of pixels covered by more than one mask).
+class UnknownIds(Exception):
+    """Label-map ids that the lookup table does not name: side is "groundtruth" or "prediction",
+    ids the (sorted) offending ids."""
 
-    masks: bool[h, w] each (already checked to have this shape); codes: the label code of each.
-    Pixels no mask covers are UNLABELED; where masks overlap the last one wins (the caller rejects
-    overlapping ground truth, so the choice only matters for counting the overlap)."""
-    out = np.full(shape, UNLABELED, dtype=np.int32)
+    def __init__(self, side: str, ids: list[int]):
+        super().__init__(f"{side} ids {ids}")
+        self.side = side
+        self.ids = ids
+
+
+def label_ids(shape: tuple[int, int], masks: list[np.ndarray], n_labels: int) -> tuple[np.ndarray, int]:
+    """(ids[h, w], number of pixels covered by more than one mask) of a datum given as segments.
+
+    masks: bool[h, w] each; mask i paints id i + 1, so 0 means "no segment" (see code_table for
+    the ids' label codes). uint8 while the ids fit (the fast path of pair_counts), else uint16.
+    Where masks overlap the last one wins; the caller rejects overlapping ground truth."""
+    dtype = np.uint8 if len(masks) < 255 else np.uint16
+    out = np.zeros(shape, dtype=dtype)
     if not masks:
         return out, 0
     covered = np.zeros(shape, dtype=np.uint16)
-    for mask, code in zip(masks, codes):
-        out[mask] = code
+    for i, mask in enumerate(masks):
+        out[mask] = i + 1
         covered += mask
     return out, int((covered > 1).sum())
 
 
-def pixel_confusion(groundtruth: np.ndarray, prediction: np.ndarray, n_labels: int) -> np.ndarray:
+def code_table(segment_codes: list[int]) -> np.ndarray:
+    """The id -> code table of label_ids' output: 0 -> UNLABELED, i + 1 -> segment_codes[i]."""
+    return np.array([UNLABELED, *segment_codes], dtype=np.int32)
+
+
+def pair_counts(groundtruth: np.ndarray, prediction: np.ndarray | None):
+    """(gt ids, prediction ids, pixel counts) of the distinct id pairs of one datum.
+
+    groundtruth, prediction: non-negative integer id arrays of one shape (prediction None: only
+    the ground truth's ids, with prediction ids -1). Two uint8 maps take one bincount over
+    (g << 8) | p, about 2 ns a pixel; other dtypes np.unique over g * (max p + 1) + p."""
+    g = groundtruth.ravel()
+    if prediction is None:
+        if g.dtype == np.uint8:
+            counts = np.bincount(g, minlength=256)
+            ids = np.flatnonzero(counts)
+            return ids, np.full(ids.size, -1), counts[ids]
+        ids, counts = np.unique(g, return_counts=True)
+        return ids.astype(np.int64), np.full(ids.size, -1), counts
+    p = prediction.ravel()
+    if g.dtype == np.uint8 and p.dtype == np.uint8:
+        counts = np.bincount((g.astype(np.uint16) << 8) | p, minlength=1 << 16)
+        pairs = np.flatnonzero(counts)
+        return pairs >> 8, pairs & 0xFF, counts[pairs]
+    width = int(p.max(initial=0)) + 1
+    pairs, counts = np.unique(g.astype(np.int64) * width + p, return_counts=True)
+    return pairs // width, pairs % width, counts
+
+
+def pixel_confusion(groundtruth: np.ndarray, prediction: np.ndarray | None, gt_table: np.ndarray,
+                    pd_table: np.ndarray, n_labels: int) -> np.ndarray:
     """int64[K + 1, K + 1] pixel counts (see the module docstring) of one datum.
 
-    groundtruth, prediction: integer label-code arrays of one shape, codes in [-1, K) (the
-    ground truth may also hold IGNORED, whose pixels are not counted; the prediction must not).
-    One bincount over g * (K + 1) + p, with ignored pixels sent to an extra row that is dropped
-    (cheaper than selecting the other pixels)."""
+    groundtruth, prediction: id arrays (pair_counts; prediction None = nothing predicted); the
+    tables map an id to its label code: a label in [0, K), UNLABELED, IGNORED (ground truth only:
+    the pixel is not counted) or anything else for an id that names nothing, which raises
+    UnknownIds. Work is one pass over the pixels plus O(distinct pairs)."""
+    g, p, counts = pair_counts(groundtruth, prediction)
+    if g.size and int(g.max()) >= gt_table.size:
+        raise UnknownIds("groundtruth", sorted({int(i) for i in g[g >= gt_table.size]}))
+    gc = gt_table[g]
+    bad = (gc <= UNKNOWN) | (gc >= n_labels)
+    if bad.any():
+        raise UnknownIds("groundtruth", sorted({int(i) for i in g[bad]}))
+    if prediction is None:
+        pc = np.full(g.size, UNLABELED)
+    else:
+        if p.size and int(p.max()) >= pd_table.size:
+            raise UnknownIds("prediction", sorted({int(i) for i in p[p >= pd_table.size]}))
+        pc = pd_table[p]
+        bad = (pc <= IGNORED) | (pc >= n_labels)
+        if bad.any():
+            raise UnknownIds("prediction", sorted({int(i) for i in p[bad]}))
+    keep = gc != IGNORED
     K1 = n_labels + 1
-    g = groundtruth.astype(np.int64, copy=False).ravel()
-    p = prediction.astype(np.int64, copy=False).ravel()
-    # ignored (-2) -> row K + 1, unlabeled (-1) -> row 0, label k -> row k + 1
-    rows = np.where(g == IGNORED, K1, g + 1)
-    counts = np.bincount(rows * K1 + (p + 1), minlength=(K1 + 1) * K1)
-    return counts[:K1 * K1].reshape(K1, K1)
+    flat = np.bincount((gc[keep] + 1) * K1 + (pc[keep] + 1), weights=counts[keep], minlength=K1 * K1)
+    return flat.astype(np.int64).reshape(K1, K1)
 
 
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
