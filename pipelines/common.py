@@ -146,6 +146,41 @@ def default_num_shards(total_bytes: int) -> int:
     return max(2, min(256, -(-total_bytes // (64 << 20))))
 
 
+def local_runner(options):
+    """The DirectRunner's batch engine (the FnApiRunner, which honours --direct_running_mode and
+    --direct_num_workers), set up as the DirectRunner sets it up, minus its first step: since
+    Beam 2.6x the DirectRunner first tries the Prism runner, which downloads a binary from GitHub
+    on first use. That is a network call in every run of a machine without it (and a hang where
+    a firewall drops packets) and a different engine on a machine with it; evalbeam's local runs
+    and tests need neither."""
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def make_pipeline(options):
+    """A beam.Pipeline for these options: local_runner() when no runner or the DirectRunner is
+    asked for, else the runner named by --runner."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    name = options.view_as(StandardOptions).runner
+    if name is None or name.lower() in ("direct", "directrunner"):
+        return beam.Pipeline(runner=local_runner(options), options=options)
+    return beam.Pipeline(options=options)
+
+
+def local_pipeline(args: list[str] | None = None):
+    """make_pipeline for Beam arguments (tests, notebooks: a local pipeline without Prism)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return make_pipeline(PipelineOptions(list(args or [])))
+
+
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
             task_options: dict, check_source, build, summarize, started: float,
             min_shards: int = 1) -> int:
@@ -155,7 +190,6 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     output folder, runs build(pipeline, sources, num_shards, folder, run_info) on Beam, and
     reports: one paragraph on failure, else summarize(metrics_path, counts) and the rejection
     message. Returns the exit code."""
-    import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -199,7 +233,7 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
         print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
               f"on {run_info['runner']}", file=sys.stderr)
     try:
-        pipeline = beam.Pipeline(options=options)
+        pipeline = make_pipeline(options)
         build(pipeline, sources, num_shards, folder, run_info)
         pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics

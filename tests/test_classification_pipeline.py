@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.common import local_pipeline
 from conftest import (MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess,
                       write_jsonl)
 from pipelines.synthetic import write_classification_dataset
@@ -302,7 +303,7 @@ def test_ptransform_matches_the_command_line(tmp_path, dataset):
 
     config = ClassificationConfig(score_thresholds=(0.0, 0.5), max_examples=2)
     out = tmp_path / "ptransform.jsonl"
-    with beam.Pipeline() as pipeline:
+    with local_pipeline() as pipeline:
         inputs = {name: pipeline | f"Read {name}" >> beam.Create(read_jsonl(path))
                   for name, path in dataset.items()}
         records = inputs | EvaluateClassification(config, slices=[("region",)], num_shards=3)

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.common import local_pipeline
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
 
 
@@ -241,3 +242,34 @@ def test_polygon_iou_by_hand_and_bad_polygons(tmp_path):
         (3, "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"),
         (4, "raster: RLE \"counts\" is not a valid compressed COCO RLE string"),
     ]
+
+
+def test_evaluate_detection_ptransform_matches_the_cli(tmp_path):
+    """EvaluateDetection on PCollections of native rows gives the CLI's records; a bad row comes
+    back as a reject without file position."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    from transforms.detection import EvaluateDetection, Protocol
+
+    _, _, gt_rows, pred_rows = make_dataset(6)
+    write_jsonl(tmp_path / "gt.jsonl", gt_rows)
+    write_jsonl(tmp_path / "m.jsonl", pred_rows)
+    assert run_detection("--groundtruths", tmp_path / "gt.jsonl", "--predictions", f"m={tmp_path / 'm.jsonl'}",
+                         "--output", tmp_path / "out", "--quiet", "--iou_thresholds", "0.5,0.75") == 0
+    expected = sorted(json.dumps(r, sort_keys=True) for r in read_jsonl(tmp_path / "out" / "metrics.jsonl"))
+    protocol = Protocol("valor", iou_thresholds=(0.5, 0.75))
+
+    with local_pipeline() as p:
+        records, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
+                                 "m": p | "M" >> beam.Create(pred_rows + [{"datum_uid": "x"}])}
+                                | EvaluateDetection(protocol=protocol, with_diagnostics=True))
+
+        def same_records(found):
+            assert sorted(json.dumps(r, sort_keys=True) for r in found) == expected
+
+        def one_reject(found):
+            assert [(r["source"], r["row"], r["reason"]) for r in found] == [("m", None, "missing annotations")]
+
+        assert_that(records, same_records, label="records")
+        assert_that(rejected, one_reject, label="rejects")

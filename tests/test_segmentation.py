@@ -12,6 +12,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from sklearn.metrics import confusion_matrix
 
+from pipelines.common import local_pipeline
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
 from transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
                                              segmentation_metrics)
@@ -396,7 +397,7 @@ def test_ptransform_in_a_users_pipeline(tmp_path):
     pd_rows = read_jsonl(folder / "good.jsonl") + [{"datum_uid": "x"}]      # one bad row
     expected = brute_force(maps, "good")
 
-    with beam.Pipeline() as p:
+    with local_pipeline() as p:
         records, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
                                  "good": p | "P" >> beam.Create(pd_rows)}
                                 | EvaluateSegmentation(with_diagnostics=True))

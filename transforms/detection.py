@@ -226,25 +226,48 @@ class ReadNativeFile(ProgressDoFn):
         name, file_id = element
         path = self.sources[name].files[file_id]
         rows, positions, rejected = parse_rows(path)
-        scored = name != GROUNDTRUTHS
-        where = position_name(path)
-        first, boxes, bad = native_rows(rows, positions, scored,
-                                        self.slice_keys if not scored else [], file_id, self.geometry)
-        for position, uid, reason in rejected + bad:
-            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
-        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, labels_of(rows))
-        row_parts = _split(image_shards(first.image_id, self.num_shards), self.num_shards)
-        box_parts = _split(image_shards(boxes.image_id, self.num_shards), self.num_shards)
-        empty = np.zeros(0, np.int64)
-        for shard in sorted(set(row_parts) | set(box_parts)):
-            index, box_index = row_parts.get(shard, empty), box_parts.get(shard, empty)
-            if scored:
-                yield shard, (name, (True, boxes.take(box_index), first.take(index)))
-            else:
-                yield shard, (name, (_take_images(first, index), boxes.take(box_index)))
+        yield from native_pieces(name, rows, positions, rejected, path, file_id, self.slice_keys,
+                                 self.num_shards, self.geometry, position_name(path))
         self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+
+
+def native_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, geometry,
+                  where):
+    """Shard pieces (main output), rejects, stats and labels (tagged) of parsed native rows of
+    one source. Rows from a PCollection have position None (-1 inside the arrays) and name their
+    source as the file."""
+    scored = name != GROUNDTRUTHS
+    first, boxes, bad = native_rows(rows, [-1 if p is None else p for p in positions], scored,
+                                    slice_keys if not scored else [], file_id, geometry)
+    for position, uid, reason in rejected + bad:
+        position = None if position is None or position < 0 else position
+        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+    yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, labels_of(rows))
+    row_parts = _split(image_shards(first.image_id, num_shards), num_shards)
+    box_parts = _split(image_shards(boxes.image_id, num_shards), num_shards)
+    empty = np.zeros(0, np.int64)
+    for shard in sorted(set(row_parts) | set(box_parts)):
+        index, box_index = row_parts.get(shard, empty), box_parts.get(shard, empty)
+        if scored:
+            yield shard, (name, (True, boxes.take(box_index), first.take(index)))
+        else:
+            yield shard, (name, (_take_images(first, index), boxes.take(box_index)))
+
+
+class DetectionRowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> shard pieces, like ReadNativeFile for files."""
+
+    def __init__(self, slice_keys: list[str], num_shards: int, iou_type: str):
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.geometry = "polygon" if iou_type == "segm" else "bbox"
+
+    def process(self, element):
+        source, batch = element
+        yield from native_pieces(source, batch, [None] * len(batch), [], source, 0, self.slice_keys,
+                                 self.num_shards, self.geometry, "row")
 
 
 def category_table(labels: set) -> dict:
@@ -414,12 +437,13 @@ class MatchDetections(ProgressDoFn):
         self.files = files
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
-        files = self.files.get(source) or (source,)
+        files = self.files.get(source)
         for i in where:
-            path = files[int(index.file_id[i])]
+            path = files[int(index.file_id[i])] if files else source
+            position = int(index.position[i])
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
-                source, path, int(index.position[i]), reason_of(i), index.uid[i],
-                position_name(path)))
+                source, path, position if position >= 0 else None, reason_of(i), index.uid[i],
+                position_name(path) if files else "row"))
 
     def _native_groundtruth(self, images: ImageRows, gts: BoxRows):
         """Reject every copy of a datum_uid that appears more than once (native rows)."""
@@ -773,18 +797,66 @@ class EvaluateDetectionFiles(beam.PTransform):
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
         else:  # the categories of the instances file
             categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
-        matched = (read.pieces
-                   | "GroupByShard" >> beam.GroupByKey()
-                   | "Match" >> beam.ParDo(MatchDetections(
-                       self.models, self.slices, self.iou_type,
-                       {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
-                       self.protocol, self.native),
-                       categories)
-                   .with_output_types(PARTIAL)
-                   .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
-        metrics = (matched.partials
-                   | "Combine" >> beam.CombinePerKey(CocoCombineFn())
-                   | "Records" >> beam.FlatMap(records, categories, self.iou_type, self.protocol))
-        rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-        stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-        return metrics, rejected, stats
+        return _evaluate(read, categories, self.models, self.slices, self.iou_type, self.protocol,
+                         self.native, {n: s.files for n, s in self.sources.items()}, self.quiet,
+                         self.started)
+
+
+def _evaluate(read, categories, models, slices, iou_type, protocol, native, files, quiet, started):
+    """The shared tail: match per shard, combine per (model, slice), records."""
+    matched = (read.pieces
+               | "GroupByShard" >> beam.GroupByKey()
+               | "Match" >> beam.ParDo(MatchDetections(
+                   models, slices, iou_type, files, quiet, started, protocol, native),
+                   categories)
+               .with_output_types(PARTIAL)
+               .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+    metrics = (matched.partials
+               | "Combine" >> beam.CombinePerKey(CocoCombineFn())
+               | "Records" >> beam.FlatMap(records, categories, iou_type, protocol))
+    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
+    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    return metrics, rejected, stats
+
+
+VALOR = Protocol("valor")
+
+
+class EvaluateDetection(beam.PTransform):
+    """Detection metrics for a user's own pipeline, on native rows.
+
+    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (native
+    rows as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
+    (records, rejects, stats). protocol: a Protocol (default Valor's, with its default
+    thresholds); iou_type "bbox" or "segm" (polygons and rasters)."""
+
+    def __init__(self, iou_type: str = "bbox", protocol: Protocol = VALOR, slices=(),
+                 num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False):
+        super().__init__()
+        if iou_type == "segm" and protocol.name == "coco":
+            raise ValueError("native segm rows need the valor protocol (no image sizes to rasterise)")
+        self.iou_type = iou_type
+        self.protocol = protocol
+        self.slices = [tuple(s) for s in slices]
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    def expand(self, pcolls):
+        if GROUNDTRUTHS not in pcolls:
+            raise ValueError(f"EvaluateDetection needs a {GROUNDTRUTHS!r} PCollection")
+        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        batches = [pcolls[name]
+                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
+                   for name in [GROUNDTRUTHS] + models]
+        read = (batches
+                | "Batches" >> beam.Flatten()
+                | "Rows" >> beam.ParDo(DetectionRowsFromDicts(slice_keys, self.num_shards, self.iou_type))
+                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
+        categories = beam.pvalue.AsSingleton(
+            read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
+        metrics, rejected, stats = _evaluate(read, categories, models, self.slices, self.iou_type,
+                                             self.protocol, True, {}, True, 0.0)
+        return (metrics, rejected, stats) if self.with_diagnostics else metrics

@@ -1,8 +1,10 @@
 """Benchmark: `evalbeam segmentation` end to end against valor-lite's semantic segmentation.
 
 Data (made once, cached in --workdir): N datums of 512x512 PNG label maps, ground truth and one
-model, 20 labels (ids 1..20; id 0 = no label, ~5% of the ground truth). Maps are 16-pixel blocks
-of random labels (ground truth); the prediction relabels 10% of the blocks and 1% of the pixels.
+model, 20 labels (ids 1..20; id 0 = no label, ~5% of the regions). A ground-truth map is a Voronoi
+partition into 15-40 regions of random labels (irregular boundaries, as real label maps have);
+the prediction moves every boundary (region centres jittered by ~6 px) and mislabels 10% of the
+regions.
 
 Sides, each in a fresh process, on the same files, in the same run (interleaved repeats):
 - evalbeam (in-process DirectRunner), and with --direct_running_mode multi_processing and 1 or
@@ -16,6 +18,7 @@ The script checks that mIOU, Accuracy and every IOU agree, and prints wall times
     pip install -e ".[test,bench]"
     python tests/benchmarks/bench_segmentation.py                  # 2,000 datums, 3 repeats
     python tests/benchmarks/bench_segmentation.py --n_datums 200 --repeats 1
+    python tests/benchmarks/bench_segmentation.py --repeat_rows 5 --skip valor-lite,evalbeam
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def ensure_dataset(workdir: str, n_datums: int, seed: int = 0) -> dict:
     import numpy as np
     from PIL import Image
 
-    folder = os.path.join(workdir, f"data_n{n_datums}_s{seed}")
+    folder = os.path.join(workdir, f"voronoi_n{n_datums}_s{seed}")
     done = os.path.join(folder, "done.json")
     if read_json(done):
         print(f"reusing data in {folder}", file=sys.stderr)
@@ -52,19 +55,32 @@ def ensure_dataset(workdir: str, n_datums: int, seed: int = 0) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(os.path.join(folder, "png"))
     rng = np.random.default_rng(seed)
-    blocks = SIZE // 16
+    yy, xx = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32)
+
+    def regions(points: np.ndarray) -> np.ndarray:
+        """Index of the nearest point of every pixel (a Voronoi partition)."""
+        best = np.full((SIZE, SIZE), np.inf, dtype=np.float32)
+        owner = np.zeros((SIZE, SIZE), dtype=np.int64)
+        for i, (y, x) in enumerate(points):
+            d = (yy - y) ** 2 + (xx - x) ** 2
+            closer = d < best
+            best[closer] = d[closer]
+            owner[closer] = i
+        return owner
+
     gt_rows, pd_rows = [], []
     started = time.time()
     for i in range(n_datums):
         uid = f"img-{i:06d}"
-        coarse = rng.integers(1, N_LABELS + 1, (blocks, blocks))
-        coarse[rng.random((blocks, blocks)) < 0.05] = 0
-        wrong = rng.random((blocks, blocks)) < 0.10
-        pred_coarse = np.where(wrong, rng.integers(0, N_LABELS + 1, (blocks, blocks)), coarse)
-        gt = np.kron(coarse, np.ones((16, 16), np.int64)).astype(np.uint8)
-        pd = np.kron(pred_coarse, np.ones((16, 16), np.int64)).astype(np.uint8)
-        noise = rng.random((SIZE, SIZE)) < 0.01
-        pd[noise] = rng.integers(0, N_LABELS + 1, int(noise.sum()))
+        n_regions = int(rng.integers(15, 40))
+        points = rng.uniform(0, SIZE, (n_regions, 2)).astype(np.float32)
+        region_label = rng.integers(1, N_LABELS + 1, n_regions)
+        region_label[rng.random(n_regions) < 0.05] = 0
+        # the prediction: boundaries moved (points jittered), 10% of the regions mislabelled
+        guess = np.where(rng.random(n_regions) < 0.10, rng.integers(0, N_LABELS + 1, n_regions),
+                         region_label)
+        gt = region_label[regions(points)].astype(np.uint8)
+        pd = guess[regions(points + rng.normal(0, 6, points.shape).astype(np.float32))].astype(np.uint8)
         for kind, array, rows in (("gt", gt, gt_rows), ("pd", pd, pd_rows)):
             name = os.path.join("png", f"{kind}-{uid}.png")
             Image.fromarray(array).save(os.path.join(folder, name))
@@ -80,6 +96,25 @@ def ensure_dataset(workdir: str, n_datums: int, seed: int = 0) -> dict:
     info = {**paths, "n_datums": n_datums, "png_mb": png_bytes / 1e6}
     write_json(done, info)
     return info
+
+
+def scaled(data: dict, factor: int) -> dict:
+    """The dataset `factor` times over: rows repeated with distinct datum_uids, naming the same PNG
+    files (for timing larger N without generating more images)."""
+    if factor == 1:
+        return data
+    out = dict(data, n_datums=data["n_datums"] * factor)
+    for key in ("groundtruths", "predictions"):
+        path = data[key].replace(".jsonl", f"_x{factor}.jsonl")
+        if not os.path.exists(path):
+            with open(data[key], encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f]
+            with open(path, "w", encoding="utf-8") as out_file:
+                for copy in range(factor):
+                    for row in rows:
+                        out_file.write(json.dumps(dict(row, datum_uid=f"{row['datum_uid']}-{copy}")) + "\n")
+        out[key] = path
+    return out
 
 
 # -------------------------------------------------------------------------------------- commands
@@ -161,8 +196,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join("/tmp", "evalbeam-bench", "segmentation"))
     parser.add_argument("--skip", default="", help="comma-separated sides not to run")
+    parser.add_argument("--repeat_rows", type=int, default=1, metavar="K",
+                        help="evaluate every row K times (distinct uids, same PNG files): larger N "
+                             "for the worker-scaling measurement")
     args = parser.parse_args(argv)
-    data = ensure_dataset(args.workdir, args.n_datums)
+    data = scaled(ensure_dataset(args.workdir, args.n_datums), args.repeat_rows)
     load_at_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     sides = {
         "evalbeam": lambda out: evalbeam_command(data, out, ""),
@@ -174,7 +212,7 @@ def main(argv: list[str]) -> int:
     }
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     runs: dict = {key: [] for key in sides if key not in skip}
-    runs_dir = os.path.join(args.workdir, f"runs_n{args.n_datums}")
+    runs_dir = os.path.join(args.workdir, f"runs_n{data['n_datums']}")
     os.makedirs(runs_dir, exist_ok=True)
     for repeat in range(1, args.repeats + 1):
         for i, key in enumerate(runs):
