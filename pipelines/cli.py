@@ -10,6 +10,7 @@ commands:
   classification   evaluate classification predictions (evalbeam classification --help)
   detection        evaluate object detections, COCO or Valor protocol (evalbeam detection --help)
   segmentation     evaluate semantic segmentation masks (evalbeam segmentation --help)
+  text             evaluate generated text: ROUGE, BLEU, rule-based guardrails (evalbeam text --help)
   demo             make a small synthetic dataset, evaluate it and show the results
 
 See the README for input formats, options and outputs."""
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         from pipelines.detection import run
     elif command == "segmentation":
         from pipelines.segmentation import run
+    elif command == "text":
+        from pipelines.text import run
     elif command == "demo":
         from pipelines.demo import run
     else:

@@ -183,7 +183,7 @@ def local_pipeline(args: list[str] | None = None):
 
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
             task_options: dict, check_source, build, summarize, started: float,
-            min_shards: int = 1) -> int:
+            min_shards: int = 1, outputs: tuple = ()) -> int:
     """Everything a task's launcher does around its pipeline.
 
     Expands and checks the inputs (check_source(name, source) raises InputError), prepares the
@@ -201,11 +201,11 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
             sources[name] = expand_source(name, pattern)
         for name, source in sources.items():
             check_source(name, source)
-        folder = OutputFolder(args.output)
+        folder = OutputFolder(args.output, outputs)
         folder.prepare()
     except InputError as error:
         say_error(str(error))
-        _record_input_failure(task, args.output, str(error), started)
+        _record_input_failure(task, args.output, str(error), started, outputs)
         return EXIT_USAGE
 
     total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
@@ -252,8 +252,9 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     info = read_json(folder.final("run.json"))
     if not args.quiet:
         print(summarize(folder.final("metrics.jsonl"), info["counts"]))
+        scores = (f"scores.jsonl ({info['scores_written']:,} rows), " if "scores_written" in info else "")
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
-              f"run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
+              f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
               f"Wall time {info['wall_time_seconds']:.1f} s.")
     if info["status"] != "complete":
         print(rejection_message(info["counts"], info["first_rejections"],
@@ -263,14 +264,15 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     return EXIT_OK
 
 
-def _record_input_failure(task: str, output: str, error: str, started: float) -> None:
+def _record_input_failure(task: str, output: str, error: str, started: float,
+                          outputs: tuple = ()) -> None:
     """Clear an earlier run's outputs and leave a run.json that says why this run stopped, so a
     scheduled job never shows yesterday's metrics as today's. Best effort: the output folder may
     be the problem."""
     from transforms.io import OutputFolder
 
     try:
-        folder = OutputFolder(output)
+        folder = OutputFolder(output, outputs)
         folder.prepare()
         folder.fail({"task": task, "status": "failed", "error": error, "versions": versions(),
                      "wall_time_seconds": round(time.time() - started, 3)})

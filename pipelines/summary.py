@@ -102,3 +102,29 @@ def segmentation_summary(metrics_path: str, counts: dict) -> str:
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
     return f"\nSemantic segmentation summary\n{_table(['model', 'slice', 'mIOU', 'accuracy'], rows)}\n\n{inputs}"
+
+
+def text_summary(metrics_path: str, counts: dict) -> str:
+    """One row per (model, slice): mean ROUGE-L F, mean BLEU, corpus BLEU and rule pass rates."""
+    found: dict = {}
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+            cells = found.setdefault((record["model"], where), {})
+            kind, value = record["type"], record["value"]
+            if kind == "ROUGE" and record["parameters"].get("rouge_type") == "rougeL":
+                cells["ROUGE-L F"] = f"{value['fmeasure']:.4f}"
+            elif kind == "BLEU":
+                cells["BLEU"] = f"{value:.4f}"
+            elif kind == "CorpusBLEU":
+                cells["corpus BLEU"] = f"{value['score']:.2f}"
+            elif isinstance(value, dict) and "pass" in value:
+                cells[f"{kind} pass"] = f"{value['pass']:.3f}"
+    columns = sorted({c for cells in found.values() for c in cells})
+    rows = [[model, where] + [cells.get(c, "") for c in columns] for (model, where), cells in found.items()]
+    inputs = _table(["source", "rows read", "evaluated", "rejected"],
+                    [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
+                     for name, c in counts.items()])
+    return f"\nText summary (means over datums; per-datum scores in scores.jsonl)\n" \
+           f"{_table(['model', 'slice', *columns], rows)}\n\n{inputs}"

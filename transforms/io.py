@@ -294,9 +294,14 @@ class OutputFolder:
 
     FINAL = ("metrics.jsonl", "run.json", "rejected.jsonl")
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, extra: tuple = ()):
         self.folder = folder
         self.tmp = join(folder, f".evalbeam-tmp-{uuid.uuid4().hex[:12]}")
+        self.extra = tuple(extra)   # more outputs of a task (scores.jsonl), published before run.json
+
+    @property
+    def names(self) -> tuple:
+        return self.FINAL + self.extra
 
     def final(self, name: str) -> str:
         return join(self.folder, name)
@@ -308,7 +313,7 @@ class OutputFolder:
         try:
             if not FileSystems.exists(self.folder):
                 FileSystems.mkdirs(self.folder)
-            delete_if_exists([self.final(n) for n in self.FINAL])
+            delete_if_exists([self.final(n) for n in self.names])
             FileSystems.mkdirs(self.tmp)
         except Exception as error:
             raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
@@ -317,6 +322,8 @@ class OutputFolder:
         """Move rejected.jsonl into place, write run.json, then metrics.jsonl last, so that a
         metrics.jsonl never exists without the run.json that describes it."""
         move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
+        for name in self.extra:
+            move(self.temp(name), self.final(name))
         write_json(run_info, self.final("run.json"))
         move(self.temp("metrics.jsonl"), self.final("metrics.jsonl"))
         self.cleanup()
@@ -366,7 +373,8 @@ def source_counts(stats: list, names: list[str]) -> dict:
 
 
 def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,
-                 run_info: dict, started: float, allowed_rejected_fraction: float) -> dict:
+                 run_info: dict, started: float, allowed_rejected_fraction: float,
+                 n_scores: int | None = None) -> dict:
     """The last step of a pipeline: check the counts, publish the outputs, return run.json.
 
     Runs inside the pipeline (after both outputs are written), so a job launched without a
@@ -385,8 +393,10 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
         status="complete" if within else "complete_with_rejections",
         counts=counts, rows_read=read, rows_rejected=rejected, metrics_written=n_metrics,
         first_rejections=first_records(folder.temp("rejected.jsonl"), 3),
-        outputs={name: folder.final(name) for name in OutputFolder.FINAL},
+        outputs={name: folder.final(name) for name in folder.names},
         wall_time_seconds=round(time.time() - started, 3),
     )
+    if n_scores is not None:
+        info["scores_written"] = n_scores
     folder.finish(info)
     return info

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 
 from schemas.mask_files import MaskFileError, read_array
 from schemas.rows import canonical_json, reject
 from schemas.formats import position_name
 from schemas.segmentation_rows import SegmentRow, segment_rows
 from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
-from transforms.kernels.hashing import fnv1a_64
+from transforms.kernels.hashing import uid_shards
 from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
 
@@ -50,13 +49,6 @@ class SegmentationState:
 
 class RowProblem(Exception):
     """Why a row's pixels cannot be used: its rejection reason."""
-
-
-def shard_of(uids: list[str], num_shards: int) -> np.ndarray:
-    """FNV-1a 64 of each datum_uid, mod num_shards."""
-    if not uids:
-        return np.zeros(0, dtype=np.int64)
-    return (fnv1a_64(pa.array(uids, pa.string())) % np.uint64(num_shards)).astype(np.int64)
 
 
 class ReadSegmentationFile(ProgressDoFn):
@@ -90,7 +82,7 @@ def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_s
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
     yield beam.pvalue.TaggedOutput(TAG_LABELS, {label for row in good for label in row.labels})
-    shards = shard_of([row.uid for row in good], num_shards)
+    shards = uid_shards([row.uid for row in good], num_shards)
     for shard in sorted(set(shards.tolist())):
         yield int(shard), (name, [row for row, s in zip(good, shards.tolist()) if s == shard])
 

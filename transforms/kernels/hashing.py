@@ -61,3 +61,10 @@ def fnv1a_64(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
 def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
     """Shard index in [0, num_shards) of each hash (int64[n])."""
     return (hashes % np.uint64(num_shards)).astype(np.int64)
+
+
+def uid_shards(uids: list[str], num_shards: int) -> np.ndarray:
+    """int64 shard of each datum_uid: FNV-1a 64 of its UTF-8 bytes, mod num_shards."""
+    if not uids:
+        return np.zeros(0, dtype=np.int64)
+    return shard_of(fnv1a_64(pa.array(uids, pa.string())), num_shards)

@@ -1,0 +1,157 @@
+"""`evalbeam text`: text generation metrics that need no LLM, on Apache Beam, end to end.
+
+    evalbeam text --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
+        [--metrics ROUGE,BLEU,...|all] [options] [Beam pipeline options]
+    python -m pipelines.text ...   (same flags)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
+                              parse_float_list, parse_models, parse_slices, run_job, say_error,
+                              split_beam_args)
+from schemas.formats import format_of
+
+TASK = "text"
+RULE_METRICS = ("TextMatching", "PIILeakage", "SensitiveDataLeakage", "EncodingGuardrail",
+                "LoopingDetection")
+METRICS = ("ROUGE", "BLEU", "CorpusBLEU") + RULE_METRICS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"evalbeam {TASK}", allow_abbrev=False,
+        description="Evaluate generated text of one or more models with metrics that need no LLM "
+                    "(ROUGE, BLEU, rule-based guardrails). Options not listed here are passed to "
+                    "Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
+    add_input_arguments(parser, ".jsonl or .parquet rows")
+    add_common_arguments(parser)
+    parser.add_argument("--metrics", default="all", metavar="NAMES",
+                        help=f"metric types, comma-separated, or 'all' (default): {', '.join(METRICS)}")
+    parser.add_argument("--rouge_types", default="rouge1,rouge2,rougeL,rougeLsum", metavar="TYPES",
+                        help="ROUGE types (rougeN, rougeL, rougeLsum; default all four)")
+    parser.add_argument("--rouge_use_stemmer", action="store_true",
+                        help="Porter-stem tokens longer than 3 characters before ROUGE")
+    parser.add_argument("--bleu_weights", default="0.25,0.25,0.25,0.25", metavar="W[,W...]",
+                        help="n-gram weights of sentence BLEU (default 0.25 x 4)")
+    return parser
+
+
+def parse_metrics(text: str) -> frozenset:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if names == ["all"]:
+        return frozenset(METRICS)
+    unknown = sorted(set(names) - set(METRICS))
+    if unknown or not names:
+        raise UsageError(f"--metrics takes 'all' or names from {', '.join(METRICS)}; got "
+                         f"{unknown or 'none'}")
+    return frozenset(names)
+
+
+def parse_args(argv: list[str]):
+    from transforms.kernels.text_scores import TextConfig
+
+    args, rest = build_parser().parse_known_args(argv)
+    beam_args = split_beam_args(rest)
+    if args.num_shards is not None and args.num_shards < 1:
+        raise UsageError("--num_shards must be 1 or more")
+    if not 0.0 <= args.max_rejected_fraction <= 1.0:
+        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+    rouge_types = tuple(t.strip() for t in args.rouge_types.split(",") if t.strip())
+    for rouge_type in rouge_types:
+        if rouge_type not in ("rougeL", "rougeLsum") and not (
+                rouge_type.startswith("rouge") and rouge_type[5:].isdigit() and len(rouge_type) == 6
+                and rouge_type[5] != "0"):
+            raise UsageError(f"--rouge_types: {rouge_type!r} is not rouge1..rouge9, rougeL or rougeLsum")
+    if not rouge_types:
+        raise UsageError("--rouge_types is empty")
+    weights = parse_float_list(args.bleu_weights, "--bleu_weights")
+    if not weights or any(w < 0 for w in weights):
+        raise UsageError("--bleu_weights takes one or more non-negative numbers")
+    config = TextConfig(metrics=parse_metrics(args.metrics), rouge_types=rouge_types,
+                        rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights))
+    return args, config, parse_models(args.predictions), parse_slices(args.slice), beam_args
+
+
+def check_source(name: str, source) -> None:
+    from transforms.io import InputError, preflight
+
+    for path in source.files:
+        if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
+            raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file of text "
+                             "rows; see the README for the format.")
+    required = ("datum_uid",) if name == "groundtruths" else ("datum_uid", "response")
+    preflight(source, None, required, [])
+
+
+def build_pipeline(pipeline, sources, models, slices, config, num_shards, folder, quiet, started,
+                   run_info, max_rejected_fraction):
+    import apache_beam as beam
+
+    from transforms.classification import reject_sort_key
+    from transforms.io import WriteJsonl, finalize_run
+    from transforms.text import EvaluateTextFiles, merge_score_parts
+
+    metrics, score_parts, rejected, stats = pipeline | "Text" >> EvaluateTextFiles(
+        sources, sorted(models), slices, config, num_shards, folder.temp("scores-parts"), quiet, started)
+    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
+    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
+    n_scores = (score_parts
+                | "GatherScoreParts" >> beam.combiners.ToList()
+                | "MergeScores" >> beam.Map(merge_score_parts, folder.temp("scores.jsonl")))
+    _ = (stats
+         | "SumStats" >> beam.CombinePerKey(sum)
+         | "GatherStats" >> beam.combiners.ToList()
+         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
+                                 max_rejected_fraction, beam.pvalue.AsSingleton(n_scores)))
+
+
+RECORD_ORDER = METRICS
+
+
+def record_sort_key(record: dict):
+    """model, slice, type, then parameters."""
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), json.dumps(record["parameters"], sort_keys=True))
+
+
+def run(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    try:
+        args, config, models, slices, beam_args = parse_args(argv)
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+
+    def build(pipeline, sources, num_shards, folder, run_info):
+        build_pipeline(pipeline, sources, models, slices, config, num_shards, folder, args.quiet,
+                       started, run_info, args.max_rejected_fraction)
+
+    def summarize(metrics_path, counts):
+        from pipelines.summary import text_summary
+
+        return text_summary(metrics_path, counts)
+
+    return run_job(TASK, args, models, slices, beam_args,
+                   {"metrics": sorted(config.metrics), "rouge_types": list(config.rouge_types),
+                    "rouge_use_stemmer": config.rouge_use_stemmer,
+                    "bleu_weights": list(config.bleu_weights)},
+                   check_source, build, summarize, started, outputs=("scores.jsonl",))
+
+
+def main() -> None:
+    from pipelines.cli import quiet_logs
+
+    quiet_logs()
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Per-datum text scores and their mergeable per-(model, slice) state (no Beam, no LLM).
+
+score_datum() turns one datum (ground truth and the model's prediction, or none) into score rows
+for scores.jsonl and adds them to a TextState; TextState.records() gives the aggregate records.
+Statuses of a score row: "ok"; "missing_prediction" (no prediction row: the response is taken as
+empty, so overlap scores are 0 and count in the means); "no_references" (ROUGE, BLEU, CorpusBLEU
+need references: the datum is left out of those means, value null); "no_condition" (TextMatching
+needs a condition: left out). Rule evaluators (transforms/kernels/rule_metrics.py) add their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms.kernels.exact_sum import ExactSum
+from transforms.kernels.text_overlap import (BLEU_ORDER, ROUGE_TYPES, corpus_bleu, corpus_bleu_stats,
+                                             rouge, sentence_bleu)
+
+OVERLAP_METRICS = ("ROUGE", "BLEU", "CorpusBLEU")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    metrics: frozenset = frozenset(OVERLAP_METRICS)
+    rouge_types: tuple = ROUGE_TYPES
+    rouge_use_stemmer: bool = False
+    bleu_weights: tuple = (0.25, 0.25, 0.25, 0.25)
+
+
+@dataclass
+class TextState:
+    """Per metric key, the sums over the datums scored, exact so that shards may add them in any
+    order: "ROUGE/<type>" -> [ExactSum] x 3 (precision, recall, F), "BLEU" -> [ExactSum];
+    "CorpusBLEU" -> int64[10] (corpus_bleu_stats, integers); counts: datums in each key; rules:
+    {record type: a rule-count state with merge(), copy() and records()}."""
+
+    sums: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+    rules: dict = field(default_factory=dict)
+
+    def add(self, key: str, values) -> None:
+        if isinstance(values, np.ndarray) and values.dtype.kind == "i":
+            self.sums[key] = self.sums[key] + values if key in self.sums else values.copy()
+        else:
+            sums = self.sums.setdefault(key, [ExactSum() for _ in values])
+            for total, value in zip(sums, values):
+                total.add(float(value))
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def merge(self, other: "TextState") -> "TextState":
+        for key, values in other.sums.items():
+            if isinstance(values, np.ndarray):
+                self.sums[key] = self.sums[key] + values if key in self.sums else values.copy()
+            elif key in self.sums:
+                for mine, theirs in zip(self.sums[key], values):
+                    mine.merge(theirs)
+            else:
+                self.sums[key] = [v.copy() for v in values]
+            self.counts[key] = self.counts.get(key, 0) + other.counts[key]
+        for key, rule in other.rules.items():
+            self.rules[key] = self.rules[key].merge(rule) if key in self.rules else rule.copy()
+        return self
+
+    def copy(self) -> "TextState":
+        sums = {k: v.copy() if isinstance(v, np.ndarray) else [x.copy() for x in v]
+                for k, v in self.sums.items()}
+        return TextState(sums, dict(self.counts), {k: v.copy() for k, v in self.rules.items()})
+
+    def means(self, key: str, width: int) -> list[float]:
+        """The mean of each component of key (zeros when no datum was scored)."""
+        if key not in self.sums:
+            return [0.0] * width
+        return [total.mean() for total in self.sums[key]]
+
+    def records(self, config: TextConfig) -> list[dict]:
+        """Aggregate records (type, value, parameters): means over the datums scored."""
+        out = []
+        if "ROUGE" in config.metrics:
+            for rouge_type in config.rouge_types:
+                mean = self.means(f"ROUGE/{rouge_type}", 3)
+                out.append({"type": "ROUGE",
+                            "value": {"precision": float(mean[0]), "recall": float(mean[1]),
+                                      "fmeasure": float(mean[2])},
+                            "parameters": {"rouge_type": rouge_type,
+                                           "rouge_use_stemmer": config.rouge_use_stemmer}})
+        if "BLEU" in config.metrics:
+            out.append({"type": "BLEU", "value": self.means("BLEU", 1)[0],
+                        "parameters": {"weights": list(config.bleu_weights)}})
+        if "CorpusBLEU" in config.metrics:
+            stats = self.sums.get("CorpusBLEU", np.zeros(2 + 2 * BLEU_ORDER, np.int64))
+            out.append({"type": "CorpusBLEU", "value": corpus_bleu(stats),
+                        "parameters": {"tokenize": "13a", "smooth_method": "exp", "lowercase": False}})
+        for kind in sorted(self.rules):
+            out.extend(self.rules[kind].records())
+        return out
+
+
+def _row(uid, model, metric, value, status, parameters=None, details=None) -> dict:
+    row = {"datum_uid": uid, "model": model, "metric": metric, "parameters": parameters or {},
+           "value": value, "status": status}
+    if details:
+        row["details"] = details
+    return row
+
+
+def score_overlap(config: TextConfig, uid: str, model: str, references: list[str],
+                  response: str | None, state: TextState) -> list[dict]:
+    """ROUGE, BLEU and CorpusBLEU of one datum: score rows, and the sums added to state."""
+    rows = []
+    wanted = [m for m in OVERLAP_METRICS if m in config.metrics]
+    if not wanted:
+        return rows
+    if not references:
+        for metric in wanted:
+            if metric == "ROUGE":
+                rows.extend(_row(uid, model, metric, None, "no_references", {"rouge_type": t})
+                            for t in config.rouge_types)
+            elif metric == "BLEU":
+                rows.append(_row(uid, model, metric, None, "no_references"))
+        return rows
+    status = "ok" if response is not None else "missing_prediction"
+    text = response if response is not None else ""
+    if "ROUGE" in config.metrics:
+        scores = rouge(text, references, config.rouge_types, config.rouge_use_stemmer)
+        for rouge_type, (p, r, f) in scores.items():
+            state.add(f"ROUGE/{rouge_type}", (p, r, f))
+            rows.append(_row(uid, model, "ROUGE", f, status, {"rouge_type": rouge_type},
+                             {"precision": p, "recall": r}))
+    if "BLEU" in config.metrics:
+        value = sentence_bleu(text, references, config.bleu_weights)
+        state.add("BLEU", (value,))
+        rows.append(_row(uid, model, "BLEU", value, status))
+    if "CorpusBLEU" in config.metrics:
+        state.add("CorpusBLEU", corpus_bleu_stats(text, references))
+    return rows
+
+
+def score_datum(config: TextConfig, truth, prediction, model: str, state: TextState) -> list[dict]:
+    """Every configured score of one datum for one model (prediction None: no prediction row);
+    returns score rows and adds to state. truth: schemas.text_rows.GroundTruthRow, prediction:
+    PredictionRow or None."""
+    response = prediction.response if prediction is not None else None
+    rows = score_overlap(config, truth.uid, model, truth.references, response, state)
+    if set(config.metrics) - set(OVERLAP_METRICS):
+        from transforms.kernels.rule_metrics import score_rules
+
+        rows.extend(score_rules(config, truth, prediction, model, state))
+    return rows

@@ -1,0 +1,298 @@
+"""Text generation metrics on Beam (no LLM): read rows, score each datum per shard, combine.
+
+Rows are checked when read (schemas/text_rows.py) and keyed by FNV-1a(datum_uid) mod S; each
+shard joins ground truth and each model's predictions and scores every datum
+(transforms/kernels/text_scores.py). The per-datum score rows go to one part file per shard
+(sorted), merged into scores.jsonl by one streaming k-way merge, so their order is the same for
+any shard or worker count; the sums per (model, slice) are added by a CombineFn.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import typing
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.formats import position_name
+from schemas.rows import canonical_json, reject
+from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
+from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join, parse_rows
+from transforms.kernels.hashing import uid_shards
+from transforms.kernels.text_scores import TextConfig, TextState, score_datum
+
+GROUNDTRUTHS = "groundtruths"
+TAG_SCORES = "scores"
+PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
+
+
+def score_sort_key(row: dict):
+    return (row["datum_uid"], row["model"], row["metric"], canonical_json(row["parameters"]))
+
+
+def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
+               check_condition):
+    """Shard pieces (main output) of one source's parsed rows, with rejects and stats (tagged).
+    Rows from a PCollection have position None and name their source as the file."""
+    scored = name != GROUNDTRUTHS
+    good, bad = text_rows(rows, [-1 if p is None else p for p in positions], scored, file_id,
+                          slice_keys if not scored else [], check_condition)
+    for position, uid, reason in rejected + bad:
+        position = None if position is None or position < 0 else position
+        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
+    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+    shards = uid_shards([row.uid for row in good], num_shards).tolist()
+    for shard in sorted(set(shards)):
+        yield int(shard), (name, [row for row, s in zip(good, shards) if s == shard])
+
+
+def _condition_checker(config: TextConfig):
+    """A function text -> reason or None when conditions matter (TextMatching, EncodingGuardrail)."""
+    if not ({"TextMatching", "EncodingGuardrail"} & set(config.metrics)):
+        return None
+    from transforms.kernels.rule_metrics import condition_problem
+
+    return condition_problem
+
+
+class ReadTextFile(ProgressDoFn):
+    """(source name, file id) -> (shard, (source, [row])) pieces; rejects and stats tagged."""
+
+    def __init__(self, sources, slice_keys, num_shards, config: TextConfig, quiet, started):
+        super().__init__(quiet, started)
+        self.sources = sources
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.config = config
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        rows, positions, rejected = parse_rows(path)
+        yield from row_pieces(name, rows, positions, rejected, path, file_id,
+                              self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
+                              position_name(path), _condition_checker(self.config))
+        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+
+
+class TextRowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> shard pieces, like ReadTextFile for files."""
+
+    def __init__(self, slice_keys, num_shards, config: TextConfig):
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+        self.config = config
+
+    def process(self, element):
+        source, batch = element
+        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
+                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards,
+                              "row", _condition_checker(self.config))
+
+
+class MatchText(ProgressDoFn):
+    """(shard, pieces) -> ((model, slice JSON), TextState) per model and slice; score rows to
+    scores_dir/part-<shard>.jsonl (then TAG_SCORES: (path, rows)) or, without scores_dir, each
+    score row on TAG_SCORES; rejects and stats tagged."""
+
+    def __init__(self, models, slice_specs, config: TextConfig, files: dict, scores_dir: str | None,
+                 quiet: bool, started: float):
+        super().__init__(quiet, started)
+        self.models = models
+        self.slice_specs = [tuple(s) for s in slice_specs]
+        self.config = config
+        self.files = files
+        self.scores_dir = scores_dir
+
+    def _reject(self, source, row, reason):
+        if source in self.files:
+            path = self.files[source][row.file_id]
+            where = position_name(path)
+        else:
+            path, where = source, "row"
+        position = row.position if row.position >= 0 else None
+        return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
+
+    def _unique(self, source, rows, outputs) -> dict:
+        seen: dict = {}
+        for row in rows:
+            seen.setdefault(row.uid, []).append(row)
+        out = {}
+        for uid, copies in seen.items():
+            if len(copies) == 1:
+                out[uid] = copies[0]
+            else:
+                outputs.extend(self._reject(source, r, f"datum_uid appears {len(copies)} times in {source}")
+                               for r in copies)
+        return out
+
+    def process(self, element):
+        shard, pieces = element
+        by_source: dict = {}
+        for source, rows in pieces:
+            by_source.setdefault(source, []).extend(rows)
+        outputs: list = []
+        truths = self._unique(GROUNDTRUTHS, by_source.get(GROUNDTRUTHS, []), outputs)
+        predictions = {m: self._unique(m, by_source.get(m, []), outputs) for m in self.models}
+        for model in self.models:
+            for uid in sorted(set(predictions[model]) - set(truths)):
+                outputs.append(self._reject(model, predictions[model].pop(uid),
+                                            "no valid ground truth for this datum_uid"))
+        yield from outputs
+        for source in [GROUNDTRUTHS, *self.models]:
+            n_rows = len(by_source.get(source, []))
+            n_ok = len(truths) if source == GROUNDTRUTHS else len(predictions[source])
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), n_ok))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), n_rows - n_ok))
+        states: dict = {}
+        score_rows: list = []
+        for uid in sorted(truths):
+            truth: GroundTruthRow = truths[uid]
+            groups = ["{}"] + [canonical_json({k: json.loads(truth.slices[k]) for k in spec})
+                               for spec in self.slice_specs]
+            for model in self.models:
+                prediction: PredictionRow | None = predictions[model].get(uid)
+                datum_state = TextState()
+                score_rows.extend(score_datum(self.config, truth, prediction, model, datum_state))
+                for group in groups:
+                    state = states.get((model, group))
+                    if state is None:
+                        states[(model, group)] = datum_state.copy()
+                    else:
+                        state.merge(datum_state)
+        score_rows.sort(key=score_sort_key)
+        if self.scores_dir is not None:
+            path = join(self.scores_dir, f"part-{shard:05d}.jsonl")
+            with FileSystems.create(path) as out:
+                out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in score_rows).encode("utf-8"))
+            yield beam.pvalue.TaggedOutput(TAG_SCORES, (path, len(score_rows)))
+        else:
+            for row in score_rows:
+                yield beam.pvalue.TaggedOutput(TAG_SCORES, row)
+        for key in sorted(states):
+            yield key, states[key]
+        self.progress.say("match", f"scored shard {shard}")
+
+
+def merge_score_parts(parts: list, path: str) -> int:
+    """Merge sorted part files [(path, rows)] into one sorted file at path; returns the rows."""
+    streams = [FileSystems.open(p) for p, _ in sorted(parts)]
+    try:
+        def keyed(stream):
+            for line in stream:
+                row = json.loads(line)
+                yield score_sort_key(row), line
+
+        n = 0
+        with FileSystems.create(path) as out:
+            for _, line in heapq.merge(*(keyed(s) for s in streams), key=lambda kv: kv[0]):
+                out.write(line)
+                n += 1
+    finally:
+        for stream in streams:
+            stream.close()
+    FileSystems.delete([p for p, _ in parts])
+    return n
+
+
+class TextCombineFn(beam.CombineFn):
+    """Adds TextStates (sums, counts and rule counts: exact)."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, state):
+        return state.copy() if acc is None else acc.merge(state)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for acc in accs:
+            if acc is not None:
+                out = acc.copy() if out is None else out.merge(acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def records(element, config: TextConfig):
+    (model, slice_json), state = element
+    base = {"model": model, "slice": json.loads(slice_json)}
+    for record in state.records(config):
+        yield {**record, **base}
+
+
+def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
+    matched = (read.pieces
+               | "GroupByShard" >> beam.GroupByKey()
+               | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started))
+               .with_output_types(PARTIAL)
+               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, main="partials"))
+    metrics = (matched.partials
+               | "Combine" >> beam.CombinePerKey(TextCombineFn())
+               | "Records" >> beam.FlatMap(records, config))
+    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
+    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    return metrics, matched[TAG_SCORES], rejected, stats
+
+
+class EvaluateTextFiles(beam.PTransform):
+    """Text row files (Sources) -> (metric records, score parts [(path, rows)], rejects, stats);
+    score parts are written under scores_dir."""
+
+    def __init__(self, sources, models, slices, config: TextConfig, num_shards, scores_dir, quiet, started):
+        super().__init__()
+        self.sources = sources
+        self.models = models
+        self.slices = slices
+        self.config = config
+        self.num_shards = num_shards
+        self.scores_dir = scores_dir
+        self.quiet = quiet
+        self.started = started
+
+    def expand(self, pbegin):
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        read = pbegin | "ReadFiles" >> ReadFiles(
+            self.sources, ReadTextFile(self.sources, slice_keys, self.num_shards, self.config,
+                                       self.quiet, self.started), (TAG_REJECTED, TAG_STATS))
+        return _evaluate(read, self.models, self.slices, self.config,
+                         {n: s.files for n, s in self.sources.items()}, self.scores_dir, self.quiet,
+                         self.started)
+
+
+class EvaluateText(beam.PTransform):
+    """Text metrics for a user's own pipeline.
+
+    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows
+    as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
+    (records, scores, rejects, stats) where scores holds the per-datum score rows."""
+
+    def __init__(self, config: TextConfig | None = None, slices=(), num_shards: int = 16,
+                 batch_size: int = 1000, with_diagnostics: bool = False):
+        super().__init__()
+        self.config = config or TextConfig()
+        self.slices = [tuple(s) for s in slices]
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    def expand(self, pcolls):
+        if GROUNDTRUTHS not in pcolls:
+            raise ValueError(f"EvaluateText needs a {GROUNDTRUTHS!r} PCollection")
+        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        batches = [pcolls[name]
+                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
+                   for name in [GROUNDTRUTHS] + models]
+        read = (batches
+                | "Batches" >> beam.Flatten()
+                | "Rows" >> beam.ParDo(TextRowsFromDicts(slice_keys, self.num_shards, self.config))
+                .with_outputs(TAG_REJECTED, TAG_STATS, main="pieces"))
+        metrics, scores, rejected, stats = _evaluate(read, models, self.slices, self.config, {}, None,
+                                                     True, 0.0)
+        return (metrics, scores, rejected, stats) if self.with_diagnostics else metrics
