@@ -18,6 +18,8 @@ from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_
 from schemas.formats import format_of
 
 TASK = "text"
+# scoring is the work: enough shards for the workers to share it, and for bounded memory per shard
+MIN_SHARDS = 16
 RULE_METRICS = ("TextMatching", "PIILeakage", "SensitiveDataLeakage", "EncodingGuardrail",
                 "LoopingDetection")
 METRICS = ("ROUGE", "BLEU", "CorpusBLEU") + RULE_METRICS
@@ -143,7 +145,8 @@ def run(argv: list[str] | None = None) -> int:
                    {"metrics": sorted(config.metrics), "rouge_types": list(config.rouge_types),
                     "rouge_use_stemmer": config.rouge_use_stemmer,
                     "bleu_weights": list(config.bleu_weights)},
-                   check_source, build, summarize, started, outputs=("scores.jsonl",))
+                   check_source, build, summarize, started, min_shards=MIN_SHARDS,
+                   outputs=("scores.jsonl",))
 
 
 def main() -> None:

@@ -29,7 +29,25 @@ PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
 def score_sort_key(row: dict):
-    return (row["datum_uid"], row["model"], row["metric"], canonical_json(row["parameters"]))
+    """Rows sort by the JSON text of datum_uid (what merge_score_parts compares), then model,
+    metric and parameters."""
+    return (json.dumps(row["datum_uid"], ensure_ascii=False), row["model"], row["metric"],
+            canonical_json(row["parameters"]))
+
+
+def score_line(row: dict) -> str:
+    """One scores.jsonl line; datum_uid first (merge_score_parts reads it from the raw line)."""
+    return json.dumps(row, ensure_ascii=False) + "\n"
+
+
+_UID_END = b', "model": '
+
+
+def _uid_key(line: bytes) -> bytes:
+    """The JSON text of a score line's datum_uid (bytes compare as the str keys sort: UTF-8 keeps
+    code point order). Inside a JSON string every quote is escaped, so the first ', "model": '
+    follows the closing quote."""
+    return line[len(b'{"datum_uid": '):line.index(_UID_END)]
 
 
 def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
@@ -155,19 +173,13 @@ class MatchText(ProgressDoFn):
                                for spec in self.slice_specs]
             for model in self.models:
                 prediction: PredictionRow | None = predictions[model].get(uid)
-                datum_state = TextState()
-                score_rows.extend(score_datum(self.config, truth, prediction, model, datum_state))
-                for group in groups:
-                    state = states.get((model, group))
-                    if state is None:
-                        states[(model, group)] = datum_state.copy()
-                    else:
-                        state.merge(datum_state)
+                targets = [states.setdefault((model, group), TextState()) for group in groups]
+                score_rows.extend(score_datum(self.config, truth, prediction, model, targets))
         score_rows.sort(key=score_sort_key)
         if self.scores_dir is not None:
             path = join(self.scores_dir, f"part-{shard:05d}.jsonl")
             with FileSystems.create(path) as out:
-                out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in score_rows).encode("utf-8"))
+                out.write("".join(score_line(r) for r in score_rows).encode("utf-8"))
             yield beam.pvalue.TaggedOutput(TAG_SCORES, (path, len(score_rows)))
         else:
             for row in score_rows:
@@ -179,16 +191,13 @@ class MatchText(ProgressDoFn):
 
 def merge_score_parts(parts: list, path: str) -> int:
     """Merge sorted part files [(path, rows)] into one sorted file at path; returns the rows."""
+    # All rows of a datum are in one part, consecutive and in order, so merging on datum_uid
+    # alone (stable between equal keys of one part) gives the full sort order.
     streams = [FileSystems.open(p) for p, _ in sorted(parts)]
     try:
-        def keyed(stream):
-            for line in stream:
-                row = json.loads(line)
-                yield score_sort_key(row), line
-
         n = 0
         with FileSystems.create(path) as out:
-            for _, line in heapq.merge(*(keyed(s) for s in streams), key=lambda kv: kv[0]):
+            for line in heapq.merge(*streams, key=_uid_key):
                 out.write(line)
                 n += 1
     finally:

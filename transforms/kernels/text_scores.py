@@ -106,8 +106,9 @@ def _row(uid, model, metric, value, status, parameters=None, details=None) -> di
 
 
 def score_overlap(config: TextConfig, uid: str, model: str, references: list[str],
-                  response: str | None, state: TextState) -> list[dict]:
-    """ROUGE, BLEU and CorpusBLEU of one datum: score rows, and the sums added to state."""
+                  response: str | None, states: list[TextState]) -> list[dict]:
+    """ROUGE, BLEU and CorpusBLEU of one datum: score rows, and the sums added to every state
+    (one per slice the datum belongs to)."""
     rows = []
     wanted = [m for m in OVERLAP_METRICS if m in config.metrics]
     if not wanted:
@@ -125,26 +126,30 @@ def score_overlap(config: TextConfig, uid: str, model: str, references: list[str
     if "ROUGE" in config.metrics:
         scores = rouge(text, references, config.rouge_types, config.rouge_use_stemmer)
         for rouge_type, (p, r, f) in scores.items():
-            state.add(f"ROUGE/{rouge_type}", (p, r, f))
+            for state in states:
+                state.add(f"ROUGE/{rouge_type}", (p, r, f))
             rows.append(_row(uid, model, "ROUGE", f, status, {"rouge_type": rouge_type},
                              {"precision": p, "recall": r}))
     if "BLEU" in config.metrics:
         value = sentence_bleu(text, references, config.bleu_weights)
-        state.add("BLEU", (value,))
+        for state in states:
+            state.add("BLEU", (value,))
         rows.append(_row(uid, model, "BLEU", value, status))
     if "CorpusBLEU" in config.metrics:
-        state.add("CorpusBLEU", corpus_bleu_stats(text, references))
+        stats = corpus_bleu_stats(text, references)
+        for state in states:
+            state.add("CorpusBLEU", stats)
     return rows
 
 
-def score_datum(config: TextConfig, truth, prediction, model: str, state: TextState) -> list[dict]:
+def score_datum(config: TextConfig, truth, prediction, model: str, states: list[TextState]) -> list[dict]:
     """Every configured score of one datum for one model (prediction None: no prediction row);
-    returns score rows and adds to state. truth: schemas.text_rows.GroundTruthRow, prediction:
-    PredictionRow or None."""
+    returns score rows and adds to every state. truth: schemas.text_rows.GroundTruthRow,
+    prediction: PredictionRow or None."""
     response = prediction.response if prediction is not None else None
-    rows = score_overlap(config, truth.uid, model, truth.references, response, state)
+    rows = score_overlap(config, truth.uid, model, truth.references, response, states)
     if set(config.metrics) - set(OVERLAP_METRICS):
         from transforms.kernels.rule_metrics import score_rules
 
-        rows.extend(score_rules(config, truth, prediction, model, state))
+        rows.extend(score_rules(config, truth, prediction, model, states))
     return rows
