@@ -141,3 +141,22 @@ def test_exact_sum_is_independent_of_order_and_merging():
             total.merge(part)
         assert total.value() == expected and total.n == len(values)
     assert ExactSum().mean() == 0.0 and ExactSum().add(2.0).add(4.0).mean() == 3.0
+
+
+def test_exact_totals_equal_fsum_in_any_split():
+    import math
+
+    from transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
+
+    rng = np.random.default_rng(3)
+    values = rng.random(10_000) * 10.0 ** rng.integers(-12, 12, 10_000) * rng.choice([-1, 1], 10_000)
+    values[:50] = 0.0
+    expected = math.fsum(values.tolist())
+    for parts in (1, 3, 16):
+        shuffled = rng.permutation(values)
+        totals = {}
+        for chunk in np.array_split(shuffled, parts):
+            totals = merge_totals(totals, exact_totals(chunk))
+        assert total_value(totals) == expected
+    assert total_value(exact_totals(np.array([1e308, 1e308, -1e308]))) == 1e308
+    assert total_value({}) == 0.0

@@ -186,3 +186,53 @@ def test_ptransform_in_a_users_pipeline():
 
         assert_that(records, check, label="records")
         assert_that(scores, count_scores, label="scores")
+
+
+def test_rule_evaluators_through_the_cli(tmp_path):
+    """Text matching with conditions, PII and sensitive data leakage, the encoding guardrail and
+    looping detection on hand-made responses; a condition that does not parse is rejected with
+    its column."""
+    import base64
+
+    gt = [
+        {"datum_uid": "a", "condition": '("Brazil" OR "brazil") AND regexp("15,?969")'},
+        {"datum_uid": "b", "condition": '"15,969" AND NOT "Real"'},
+        {"datum_uid": "c"},
+        {"datum_uid": "d", "condition": '"x" AND AND "y"'},
+        {"datum_uid": "e"},
+    ]
+    secret = "card 4111 1111 1111 1111"
+    preds = [
+        {"datum_uid": "a", "response": "Brazil revenue was 15969 million.", "contexts": ["brazil: 15,969"]},
+        {"datum_uid": "b", "response": "Revenue was 15,969 million Real. Contact me at jo@example.org",
+         "contexts": ["nothing here"]},
+        {"datum_uid": "c", "response": "The key is sk-proj-" + "a1B2" * 12 + " and "
+                                       + base64.b64encode(secret.encode()).decode()},
+        {"datum_uid": "e", "response": "I am stuck in a loop here. " * 30},
+    ]
+    write_jsonl(tmp_path / "gt.jsonl", gt)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    metrics = "TextMatching,PIILeakage,SensitiveDataLeakage,EncodingGuardrail,LoopingDetection"
+    assert run_text("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "m.jsonl",
+                    "--output", tmp_path / "out", "--metrics", metrics, "--quiet",
+                    "--max_rejected_fraction", "0.5") == 0
+    rejected = read_jsonl(tmp_path / "out" / "rejected.jsonl")
+    assert [(r["line"], r["reason"].split(":")[0]) for r in rejected] == [(4, "condition")]
+    assert "column 9" in rejected[0]["reason"]
+    scores = {(s["datum_uid"], s["metric"]): s for s in read_jsonl(tmp_path / "out" / "scores.jsonl")}
+    assert scores[("a", "TextMatching")]["value"] == 1.0
+    assert scores[("b", "TextMatching")]["value"] == 0.0                  # "Real" is there
+    assert scores[("c", "TextMatching")]["status"] == "no_condition"
+    assert scores[("b", "PIILeakage")]["value"] == 0.0 and scores[("a", "PIILeakage")]["value"] == 1.0
+    assert scores[("c", "SensitiveDataLeakage")]["value"] == 0.0
+    assert scores[("c", "EncodingGuardrail")]["value"] == 0.0             # the decoded card number
+    assert scores[("a", "EncodingGuardrail")]["value"] == 1.0
+    assert scores[("e", "LoopingDetection")]["value"] == 0.0
+    assert scores[("a", "LoopingDetection")]["value"] == 1.0
+    assert scores[("e", "LoopingDetection")]["details"]["unique_sentences"] < 0.75
+    assert "a1B2a1B2" not in json.dumps(list(scores.values()))            # no secret in the output
+    records = {r["type"]: r["value"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")}
+    assert records["TextMatching"]["pass"] == 0.5 and records["TextMatching"]["datums"] == 2
+    assert records["PIILeakage"]["fail"] == 0.25 and records["PIILeakage"]["datums"] == 4
+    assert records["LoopingDetection"]["pass"] == 0.75
+    assert 0 < records["LoopingDetection"]["unique_sentences"] < 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 class ExactSum:
     __slots__ = ("partials", "n")
@@ -53,3 +55,42 @@ class ExactSum:
     def mean(self) -> float:
         """value() / n (0 when nothing was added)."""
         return self.value() / self.n if self.n else 0.0
+
+
+def exact_totals(values: np.ndarray) -> dict[int, int]:
+    """{e: S} with sum(values) == sum(S * 2**e) exactly, vectorised: each finite double is
+    m * 2**e with an integer m of at most 53 bits (np.frexp), and the m of one exponent are added
+    as two int64 halves of 27 and 26 bits (exact for up to 2**36 values)."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    values = values[values != 0]
+    if not values.size:
+        return {}
+    if not np.isfinite(values).all():
+        raise ValueError("exact sums need finite values")
+    fraction, exponent = np.frexp(values)
+    mantissa = (fraction * float(1 << 53)).astype(np.int64)   # exact: 53 significant bits
+    exponent = exponent.astype(np.int64) - 53
+    order = np.argsort(exponent, kind="stable")
+    exponent, mantissa = exponent[order], mantissa[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(exponent)) + 1]
+    high = np.add.reduceat(mantissa >> 26, starts)
+    low = np.add.reduceat(mantissa & ((1 << 26) - 1), starts)
+    return {int(e): (int(h) << 26) + int(lo) for e, h, lo in zip(exponent[starts], high, low)}
+
+
+def merge_totals(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    out = dict(a)
+    for e, s in b.items():
+        out[e] = out.get(e, 0) + s
+    return out
+
+
+def total_value(totals: dict[int, int]) -> float:
+    """The exact sum of exact_totals' terms, rounded once (float of an exact Fraction)."""
+    if not totals:
+        return 0.0
+    from fractions import Fraction
+
+    low = min(totals)
+    scaled = sum(s << (e - low) for e, s in totals.items())
+    return float(Fraction(scaled) * Fraction(2) ** low)

@@ -1,0 +1,417 @@
+"""Retrieval inputs: qrels and runs (TREC text or JSONL bytes) read into columns.
+
+TREC qrels: `query iter doc relevance`, exactly 4 whitespace-separated fields; iter is ignored,
+relevance an integer (negative allowed: trec_eval reads it as "judged, not usable").
+TREC run: `query Q0 doc rank score tag`, at least 6 fields; Q0, rank and tag are ignored, and
+fields after the 6th are ignored too, as trec_eval does (its own test run has such lines).
+Fields are separated by any run of ASCII whitespace (space, tab, CR, VT, FF); blank lines are
+skipped.
+JSONL qrels: {"query_id": str, "doc_id": str, "relevance": int, "metadata"?: object};
+JSONL run: {"query_id": str, "doc_id": str, "score": number}. Other keys are ignored.
+
+Columns: ids are Arrow string columns (pa.ChunkedArray of pa.string(), one chunk or more per
+block read; 10 M ids stay in a few buffers where a numpy object array would hold 10 M Python
+objects),
+relevance int64, score float64, line int64 (1-based line of each row). Use
+transforms.kernels.retrieval.encode_ids to turn the ids into the kernel's codes.
+
+Rejects: [(line, reason)] sorted by line, for lines that are not rows: wrong field count,
+relevance not an integer (or out of int64), score not a number or not finite, id not UTF-8 or
+empty (JSONL), malformed JSON, and (query, doc) pairs present more than once in the file, where
+every copy is rejected (trec_eval would stop on them; keeping one would be arbitrary). A bad line
+never stops the read.
+
+Speed: a file is read in blocks of whole lines. A block whose fields are separated by single
+spaces (or single tabs), the common case, is parsed by Arrow's multi-threaded CSV reader; a
+JSONL block by Arrow's JSON reader. Any block that path cannot take exactly (other whitespace,
+a parse error, an empty field, a non-finite score, a missing key, ...) is parsed again line by
+line in Python, which is the reference behaviour: the fast path only ever accepts blocks on
+which it agrees with the slow one. Duplicates are found with one 64-bit hash per row, sorted,
+and confirmed by comparing the strings of the few rows whose hashes collide.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+
+from transforms.kernels.retrieval import iter_string_words, string_width
+
+FORMATS = ("trec", "jsonl")
+BLOCK_BYTES = 64 << 20
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+QRELS_TREC_FIELDS = ("query", "iter", "doc", "relevance")
+RUN_TREC_FIELDS = ("query", "q0", "doc", "rank", "score", "tag")
+MAX_LINES_LISTED = 10
+
+
+@dataclass
+class QrelsColumns:
+    """n judgments: query, doc (Arrow string chunked arrays), relevance int64[n], line int64[n]
+    (1-based)."""
+
+    query: pa.ChunkedArray
+    doc: pa.ChunkedArray
+    relevance: np.ndarray
+    line: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.line.size)
+
+
+@dataclass
+class RunColumns:
+    """n retrieved docs: query, doc (Arrow string chunked arrays), score float64[n] (finite),
+    line int64[n] (1-based)."""
+
+    query: pa.ChunkedArray
+    doc: pa.ChunkedArray
+    score: np.ndarray
+    line: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.line.size)
+
+
+def format_of(path: str) -> str:
+    """"jsonl" for .jsonl/.ndjson/.json names, else "trec" (TREC files rarely have a suffix)."""
+    return "jsonl" if path.lower().endswith((".jsonl", ".ndjson", ".json")) else "trec"
+
+
+def read_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str]]]:
+    """Qrels columns and rejects from a whole file's bytes; fmt "trec" or "jsonl"."""
+    blocks = _read(data, fmt, "qrels")
+    columns = QrelsColumns(*_concat(blocks, np.int64))
+    rejects = [r for b in blocks for r in b[4]]
+    columns, duplicates = _drop_duplicates(columns)
+    return columns, sorted(rejects + duplicates)
+
+
+def read_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
+    """Run columns and rejects from a whole file's bytes; fmt "trec" or "jsonl"."""
+    blocks = _read(data, fmt, "run")
+    columns = RunColumns(*_concat(blocks, np.float64))
+    rejects = [r for b in blocks for r in b[4]]
+    columns, duplicates = _drop_duplicates(columns)
+    return columns, sorted(rejects + duplicates)
+
+
+# A parsed block: (query, doc, value, line, rejects).
+_Block = tuple
+
+
+def _read(data: bytes, fmt: str, kind: str) -> list[_Block]:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    fast, slow = ((_trec_fast, _trec_slow) if fmt == "trec" else (_jsonl_fast, _jsonl_slow))
+    blocks = []
+    line = 1
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", min(start + BLOCK_BYTES, len(data)) - 1)
+        end = len(data) if end < 0 else end + 1
+        parsed = fast(data, start, end, line, kind)
+        if parsed is not None and fmt == "trec":
+            line += int(parsed[3].size)  # one row per line, or the fast path would have failed
+        else:
+            if parsed is None:
+                parsed = slow(data[start:end], line, kind)
+            line += data.count(b"\n", start, end)
+        blocks.append(parsed)
+        start = end
+    return blocks
+
+
+def _concat(blocks: list[_Block], value_type) -> tuple:
+    def strings(i):
+        chunks = [c for b in blocks for c in (b[i].chunks if isinstance(b[i], pa.ChunkedArray) else [b[i]])]
+        return pa.chunked_array([c for c in chunks if len(c)], pa.string())
+
+    value = np.concatenate([np.asarray(b[2], value_type) for b in blocks] + [np.zeros(0, value_type)])
+    line = np.concatenate([np.asarray(b[3], np.int64) for b in blocks] + [np.zeros(0, np.int64)])
+    return strings(0), strings(1), value, line
+
+
+# ---------------------------------------------------------------------------------------------
+# TREC
+
+def _trec_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
+    """Arrow's CSV reader on data[start:end] when one byte separates the fields; None when
+    that could differ from the line-by-line reader."""
+    if data.find(b"\x0b", start, end) >= 0 or data.find(b"\x0c", start, end) >= 0:
+        return None
+    if data.find(b"\r", start, end) >= 0 and data.count(b"\r", start, end) != data.count(b"\r\n", start, end):
+        return None  # a lone CR separates fields for trec_eval but ends a row for Arrow
+    if data.find(b"\t", start, end) < 0:
+        delimiter = " "
+    elif data.find(b" ", start, end) < 0:
+        delimiter = "\t"
+    else:
+        return None
+    names = QRELS_TREC_FIELDS if kind == "qrels" else RUN_TREC_FIELDS
+    value_name, value_type = ("relevance", pa.int64()) if kind == "qrels" else ("score", pa.float64())
+    types = {name: pa.string() for name in names}
+    types[value_name] = value_type
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(memoryview(data)[start:end]),
+            read_options=pacsv.ReadOptions(column_names=list(names), block_size=4 << 20),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=False,
+                                             escape_char=False, double_quote=False,
+                                             newlines_in_values=False, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(column_types=types, null_values=[],
+                                                 strings_can_be_null=False,
+                                                 quoted_strings_can_be_null=False))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None  # wrong field count, blank line, bad number, invalid UTF-8, ...
+    # Two separators in a row make an empty field (a space-separated line with a double space),
+    # which the line-by-line reader would not see as a field at all.
+    if any(_has_empty(table.column(name)) for name in names if name != value_name):
+        return None
+    value = table.column(value_name).to_numpy()
+    if kind == "run" and not np.isfinite(value).all():
+        return None
+    line = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)
+    return table.column("query"), table.column("doc"), value, line, []
+
+
+def _trec_slow(block: bytes, first_line: int, kind: str) -> _Block:
+    """The reference reader: one line at a time, whitespace-separated fields."""
+    wanted = 4 if kind == "qrels" else 6
+    queries, docs, values, lines, rejects = [], [], [], [], []
+    for number, raw in enumerate(block.split(b"\n"), start=first_line):
+        fields = raw.split()
+        if not fields:
+            continue
+        if len(fields) != wanted and (kind == "qrels" or len(fields) < wanted):
+            rejects.append((number, _field_count_reason(kind, len(fields))))
+            continue
+        try:
+            query, doc = fields[0].decode("utf-8"), fields[2].decode("utf-8")
+        except UnicodeDecodeError:
+            rejects.append((number, "query or doc id is not valid UTF-8"))
+            continue
+        if kind == "qrels":
+            value, problem = _parse_relevance(fields[3])
+        else:
+            value, problem = _parse_score(fields[4])
+        if problem:
+            rejects.append((number, problem))
+            continue
+        queries.append(query)
+        docs.append(doc)
+        values.append(value)
+        lines.append(number)
+    return (pa.array(queries, pa.string()), pa.array(docs, pa.string()), values,
+            np.array(lines, np.int64), rejects)
+
+
+def _field_count_reason(kind: str, found: int) -> str:
+    if kind == "qrels":
+        return f"expected 4 fields (query iter doc relevance), found {found}"
+    return f"expected at least 6 fields (query Q0 doc rank score tag), found {found}"
+
+
+def _parse_relevance(token: bytes) -> tuple[int | None, str | None]:
+    try:
+        # int() would accept "1_0"; neither trec_eval nor Arrow does.
+        value = int(token) if b"_" not in token else None
+    except ValueError:
+        value = None
+    if value is None:
+        return None, f"relevance {token.decode('utf-8', 'replace')!r} is not an integer"
+    if not _INT64[0] <= value <= _INT64[1]:
+        return None, f"relevance {token.decode('utf-8', 'replace')!r} is out of range"
+    return value, None
+
+
+def _parse_score(token: bytes) -> tuple[float | None, str | None]:
+    try:
+        value = float(token) if b"_" not in token else None
+    except ValueError:
+        value = None
+    if value is None:
+        return None, f"score {token.decode('utf-8', 'replace')!r} is not a number"
+    if not math.isfinite(value):
+        return None, f"score {value!r} is not finite"
+    return value, None
+
+
+def _has_empty(column: pa.ChunkedArray) -> bool:
+    """Whether any string of the column is "" (two offsets in a row are equal)."""
+    for chunk in column.chunks:
+        _, offsets_buf, _ = chunk.buffers()
+        offset_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offsets = np.frombuffer(offsets_buf, offset_type)[chunk.offset: chunk.offset + len(chunk) + 1]
+        if np.any(offsets[1:] == offsets[:-1]):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL
+
+_WHITESPACE = np.frombuffer(b" \t\r\n\x0b\x0c", np.uint8)
+_JSON_VALUE = {"qrels": ("relevance", pa.int64()), "run": ("score", pa.float64())}
+
+
+def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
+    value_name, value_type = _JSON_VALUE[kind]
+    schema = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), (value_name, value_type)])
+    block = memoryview(data)[start:end]
+    lines = _nonblank_lines(block, first_line)
+    try:
+        table = pajson.read_json(
+            pa.BufferReader(pa.py_buffer(block)),
+            read_options=pajson.ReadOptions(use_threads=True, block_size=4 << 20),
+            parse_options=pajson.ParseOptions(explicit_schema=schema,
+                                              unexpected_field_behavior="ignore"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != lines.size:
+        return None
+    if any(table.column(name).null_count for name in schema.names):
+        return None
+    if _has_empty(table.column("query_id")) or _has_empty(table.column("doc_id")):
+        return None
+    value = table.column(value_name).to_numpy()
+    if kind == "run" and not np.isfinite(value).all():
+        return None
+    return table.column("query_id"), table.column("doc_id"), value, lines, []
+
+
+def _nonblank_lines(block: memoryview, first_line: int) -> np.ndarray:
+    """1-based numbers of the lines of the block that hold a non-whitespace byte."""
+    buf = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(buf == ord("\n"))
+    if buf.size and buf[-1] != ord("\n"):
+        ends = np.r_[ends, buf.size]
+    starts = np.r_[0, ends[:-1] + 1]
+    # A line whose first byte is not whitespace is not blank: one look per line decides the
+    # usual case instead of a scan of every byte.
+    first = buf[np.minimum(starts, max(buf.size - 1, 0))] if buf.size else np.zeros(0, np.uint8)
+    if not np.isin(first, _WHITESPACE).any() and not (starts == ends).any():
+        return first_line + np.arange(ends.size, dtype=np.int64)
+    solid = np.r_[0, np.cumsum(~np.isin(buf, _WHITESPACE))]
+    per_line = solid[ends] - solid[starts]
+    return first_line + np.flatnonzero(per_line > 0).astype(np.int64)
+
+
+def _jsonl_slow(block: bytes, first_line: int, kind: str) -> _Block:
+    value_name = _JSON_VALUE[kind][0]
+    queries, docs, values, lines, rejects = [], [], [], [], []
+    for number, raw in enumerate(block.split(b"\n"), start=first_line):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as error:
+            rejects.append((number, f"malformed JSON: {error}"))
+            continue
+        problem = _json_row_problem(row, kind, value_name)
+        if problem:
+            rejects.append((number, problem))
+            continue
+        queries.append(row["query_id"])
+        docs.append(row["doc_id"])
+        values.append(row[value_name])
+        lines.append(number)
+    return (pa.array(queries, pa.string()), pa.array(docs, pa.string()), values,
+            np.array(lines, np.int64), rejects)
+
+
+def _json_row_problem(row, kind: str, value_name: str) -> str | None:
+    if not isinstance(row, dict):
+        return "row must be a JSON object"
+    for key in ("query_id", "doc_id"):
+        if key not in row or row[key] is None:
+            return f"missing {key}"
+        if not isinstance(row[key], str):
+            return f"{key} must be a string, got {type(row[key]).__name__}"
+        if not row[key]:
+            return f"empty {key}"
+        try:
+            row[key].encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{key} is not valid UTF-8"
+    value = row.get(value_name)
+    if value is None:
+        return f"missing {value_name}"
+    if kind == "qrels":
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"relevance {value!r} is not an integer"
+        if not _INT64[0] <= value <= _INT64[1]:
+            return f"relevance {value!r} is out of range"
+    else:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"score {value!r} is not a number"
+        value = float(value)
+        if not math.isfinite(value):
+            return f"score {value!r} is not finite"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Duplicates
+
+_PRIME = np.uint64(0x100000001B3)
+
+
+def _pair_hash(query, doc) -> np.ndarray:
+    """A uint64 per row, equal for equal (query, doc) pairs. Collisions are possible (rows are
+    compared as strings afterwards), so a cheap polynomial over the 8-byte words is enough."""
+    hashed = np.empty(len(query), dtype=np.uint64)
+    hashed.fill(0xCBF29CE484222325)
+    for strings in (query, doc):
+        for lo, hi, words, lengths, _ in iter_string_words(strings, string_width(strings)):
+            part = hashed[lo:hi]
+            for word in words + [lengths.astype(np.uint64)]:
+                part *= _PRIME
+                part ^= word
+    return hashed
+
+
+def _drop_duplicates(columns):
+    """The columns without every row whose (query, doc) pair occurs more than once, and one
+    reject per dropped row."""
+    n = len(columns)
+    if n < 2:
+        return columns, []
+    hashed = _pair_hash(columns.query, columns.doc)
+    ordered = np.sort(hashed)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not repeated.size:
+        return columns, []
+    # Rows whose hash is a repeated one: a bit table on the low 20 bits finds them in one
+    # gather, and the few false hits are dropped by the exact test.
+    table = np.zeros(1 << 20, bool)
+    table[repeated & np.uint64((1 << 20) - 1)] = True
+    candidates = np.flatnonzero(table[hashed & np.uint64((1 << 20) - 1)])
+    candidates = candidates[np.isin(hashed[candidates], repeated)]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for row, pair in zip(candidates.tolist(), zip(columns.query.take(pa.array(candidates)).to_pylist(),
+                                                  columns.doc.take(pa.array(candidates)).to_pylist())):
+        groups.setdefault(pair, []).append(row)
+    dropped, rejects = [], []
+    for (query, doc), rows in groups.items():
+        if len(rows) < 2:
+            continue
+        lines = columns.line[rows].tolist()
+        listed = ", ".join(map(str, lines[:MAX_LINES_LISTED])) + (", ..." if len(lines) > MAX_LINES_LISTED else "")
+        reason = f"duplicate (query, doc) pair ({query!r}, {doc!r}) on lines {listed}"
+        dropped += rows
+        rejects += [(line, reason) for line in lines]
+    if not dropped:
+        return columns, []
+    keep = np.ones(n, bool)
+    keep[dropped] = False
+    mask = pa.array(keep)
+    fields = [columns.query.filter(mask), columns.doc.filter(mask)]
+    rest = [getattr(columns, f)[keep] for f in ("relevance" if isinstance(columns, QrelsColumns) else "score", "line")]
+    return type(columns)(*fields, *rest), rejects

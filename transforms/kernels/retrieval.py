@@ -1,0 +1,640 @@
+"""Retrieval measures per query, trec_eval compatible, vectorised over all queries at once.
+
+Inputs are integer codes (see encode_ids): qrels rows (query, doc, relevance level) and run rows
+(query, doc, score), each (query, doc) pair at most once per input (the readers in
+schemas/retrieval_rows.py reject duplicates). evaluate() returns, per evaluated query, one float64
+value per measure, so a pipeline that shards by query can concatenate shards' rows and average
+them (or add them up, for the counts in SUMMED) exactly like trec_eval's `all` line.
+
+Conventions (trec_eval 9, `trec_eval -q [-c] [-l L] [-M N]`):
+- Ranking. The rank column of a run is ignored. A query's documents are ordered by score
+  descending, ties broken by doc id in DESCENDING byte-wise order (trec_eval's qsort comparator),
+  which is why doc codes must sort like the ids. Then only the first `max_docs_per_query` (1000 by
+  default, None for no cut) are kept; the cut happens after the tie break.
+  Note: trec_eval 9 itself does not cut unless given -M; 1000 is the TREC convention.
+- Relevance. Relevant means level >= relevance_level L (trec_eval -l, default 1). A judged doc
+  with 0 <= level < L is judged non-relevant; a judged doc with a negative level is, as in
+  trec_eval, "in the pool but unjudged": non-relevant for every measure, and not counted as
+  judged non-relevant by bpref and num_nonrel_judged_ret. A retrieved doc absent from the qrels is
+  non-relevant and unjudged.
+- Gains (dcg_cut, ndcg, ndcg_cut, ndcg_rel) are the relevance levels themselves, whatever L:
+  gain = level when level > 0, else 0 (negative and unjudged docs gain nothing). With -l2 a doc
+  of level 1 is non-relevant for P or map but still gains 1 in nDCG; this is trec_eval's rule.
+  Discount of rank r (1-based): 1 / log2(r + 1).
+- Queries. Only queries present in the qrels are evaluated; run queries absent from the qrels are
+  dropped. By default a qrels query absent from the run is not evaluated either; with
+  complete=True (trec_eval -c) it is evaluated as an empty ranking: every measure is 0 except
+  num_rel, and it counts in averages. A qrels query without any relevant document is evaluated
+  normally (its recall, map, ... are 0; its nDCG can be > 0 when levels below L exist).
+
+Measures, for one query with ranked docs d_1..d_n (n = num_ret after the cut), rel_i = 1 when
+d_i is relevant, R = num_rel (relevant docs in the qrels), N = judged non-relevant docs in the
+qrels, relret(k) = sum_{i <= min(k, n)} rel_i, g_i = gain of d_i, and IDCG@k the DCG of the
+query's judged gains sorted descending, cut at k (no cut for IDCG):
+    num_ret = n; num_rel = R; num_rel_ret = relret(n);
+    num_nonrel_judged_ret = #{i: 0 <= level(d_i) < L}
+    P_k = relret(k) / k                          (k counts even when n < k)
+    recall_k = relret(k) / R                     (0 when R = 0)
+    F1_k = 2 P_k recall_k / (P_k + recall_k)     (0 when both are 0; not in trec_eval)
+    success_k = 1 if relret(k) > 0 else 0        (Hit@k)
+    recip_rank = 1 / min{i: rel_i = 1}           (0 when nothing relevant is retrieved)
+    map = sum_{i: rel_i} (relret(i) / i) / R     (0 when R = 0)
+    map_cut_k = sum_{i <= k, rel_i} (relret(i) / i) / R
+    Rprec = relret(R) / R                        (0 when R = 0)
+    dcg_cut_k = sum_{i <= k} g_i / log2(i + 1)   (not in trec_eval)
+    ndcg_cut_k = dcg_cut_k / IDCG@k              (0 when IDCG@k = 0)
+    ndcg = dcg_cut_n / IDCG                      (every judged gain in the ideal, even past n)
+    bpref = (1 / R) sum_{i: rel_i} (1 - min(nb_i, R) / min(N, R)), the term being 1 when
+            nb_i = 0, where nb_i = judged non-relevant docs ranked above d_i
+    iprec_at_recall_p: with K = round_half_up(p R) (see RetrievalConfig.iprec_rounding),
+            0 when K > relret(n), else
+            max_{j >= max(K, 1)} j / rank of the j-th relevant retrieved doc
+            (the interpolated precision, 0 when nothing relevant is retrieved)
+    ndcg_rel = (1 / P) [sum_{i: g_i > 0} DCG@i / IDCG@min(i, P) + (P - Pret) ndcg-numerator /
+            IDCG], 0 when that sum is 0, where P = judged docs with a positive gain and Pret
+            those retrieved (trec_eval's nDCG averaged over the positive-gain docs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+DEFAULT_KS = (1, 3, 5, 10, 20, 100, 1000)
+DEFAULT_RECALL_POINTS = tuple(round(0.1 * i, 1) for i in range(11))
+# Counts: their `all` value is the sum over queries, every other measure's is the mean.
+SUMMED = frozenset({"num_ret", "num_rel", "num_rel_ret", "num_nonrel_judged_ret"})
+# Level of a retrieved document that the qrels do not mention. Below any relevance level and any
+# judged level, so it is neither relevant, nor judged, nor a gain.
+NOT_JUDGED = np.iinfo(np.int64).min
+
+# MASKS[k] keeps the first k bytes of a big-endian 8-byte word.
+_MASKS = np.array([0] + [((1 << (8 * k)) - 1) << (8 * (8 - k)) for k in range(1, 9)], dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """ks: rank cutoffs of P, recall, F1, success, map_cut, dcg_cut and ndcg_cut (positive ints).
+    relevance_level: L, the smallest relevant level (>= 0). max_docs_per_query: the cut after
+    ranking, None for none. recall_points: recall levels of iprec_at_recall, in [0, 1].
+    iprec_rounding: how iprec_at_recall turns the recall level p into a number of relevant docs
+    K: "nearest" rounds p R half up (trec_eval 9.0.8 and later, and the reference outputs);
+    "legacy" truncates p R + 0.9 (older trec_eval, and the one inside pytrec_eval 0.5)."""
+
+    ks: tuple[int, ...] = DEFAULT_KS
+    relevance_level: int = 1
+    max_docs_per_query: int | None = 1000
+    recall_points: tuple[float, ...] = DEFAULT_RECALL_POINTS
+    iprec_rounding: str = "nearest"
+
+    def __post_init__(self):
+        if self.iprec_rounding not in ("nearest", "legacy"):
+            raise ValueError("iprec_rounding must be 'nearest' or 'legacy'")
+        ks = tuple(sorted({int(k) for k in self.ks}))
+        if any(k < 1 for k in ks):
+            raise ValueError(f"rank cutoffs must be positive integers, got {self.ks}")
+        object.__setattr__(self, "ks", ks)
+        points = tuple(sorted({float(p) for p in self.recall_points}))
+        if any(not 0.0 <= p <= 1.0 for p in points):
+            raise ValueError(f"recall points must be in [0, 1], got {self.recall_points}")
+        object.__setattr__(self, "recall_points", points)
+        if int(self.relevance_level) < 0:
+            raise ValueError("relevance_level must be >= 0")
+        object.__setattr__(self, "relevance_level", int(self.relevance_level))
+        if self.max_docs_per_query is not None and int(self.max_docs_per_query) < 1:
+            raise ValueError("max_docs_per_query must be positive (or None)")
+
+
+def measure_names(config: RetrievalConfig = RetrievalConfig()) -> list[str]:
+    """Names of evaluate()'s measures, trec_eval's where trec_eval has the measure."""
+    names = ["num_ret", "num_rel", "num_rel_ret", "num_nonrel_judged_ret", "map", "Rprec", "bpref",
+             "recip_rank", "ndcg", "ndcg_rel"]
+    for family in ("P", "recall", "F1", "success", "map_cut", "dcg_cut", "ndcg_cut"):
+        names += [f"{family}_{k}" for k in config.ks]
+    names += [f"iprec_at_recall_{p:.2f}" for p in config.recall_points]
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# Id encoding
+
+@dataclass
+class EncodedIds:
+    """Shared integer codes of the ids of one qrels and one run.
+
+    Query codes index query_ids (an Arrow string array, sorted byte-wise); doc codes are in
+    [0, n_docs) and sort like the doc ids compared byte-wise (memcmp, shorter prefix first).
+    Equal strings get equal codes across the qrels and the run."""
+
+    qrels_query: np.ndarray
+    qrels_doc: np.ndarray
+    run_query: np.ndarray
+    run_doc: np.ndarray
+    query_ids: pa.Array
+    n_docs: int
+
+
+def as_strings(values) -> pa.Array | pa.ChunkedArray:
+    """Arrow strings (string or large_string, chunked or not) from Arrow arrays, numpy arrays or
+    lists; Arrow input is returned as it is."""
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = pa.array(values if isinstance(values, list) else np.asarray(values, dtype=object),
+                          pa.string())
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise TypeError(f"expected strings, got {values.type}")
+    return values
+
+
+def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    return values
+
+
+def string_words(strings) -> tuple[list[np.ndarray], np.ndarray, bool]:
+    """Each string as big-endian 8-byte words, so that comparing word tuples compares the bytes.
+
+    strings: Arrow strings (see as_strings) of length n; nulls read as "". Returns (words,
+    lengths, has_nul): W = ceil(longest / 8) uint64 arrays of length n (bytes past a string's
+    end are 0), int64 lengths, and whether any byte is 0 (only then can two strings share their
+    words, e.g. "a" and "a\\0", and the lengths must break the tie)."""
+    strings = as_strings(strings)
+    n = len(strings)
+    width = string_width(strings)
+    words = [np.empty(n, np.uint64) for _ in range(width)]
+    lengths = np.empty(n, np.int64)
+    has_nul = False
+    for lo, hi, chunk_words, chunk_lengths, chunk_nul in iter_string_words(strings, width):
+        for word, chunk_word in zip(words, chunk_words):
+            word[lo:hi] = chunk_word
+        lengths[lo:hi] = chunk_lengths
+        has_nul |= chunk_nul
+    return words, lengths, has_nul
+
+
+def string_width(strings) -> int:
+    """Words needed by the longest string (at least 1)."""
+    longest = 0
+    for chunk in _chunks(as_strings(strings)):
+        offsets, _ = _layout(chunk)
+        longest = max(longest, int(np.diff(offsets).max()))
+    return max(1, -(-longest // 8))
+
+
+def iter_string_words(strings, width: int, rows: int = 1 << 16):
+    """string_words a slice at a time, to use the words without holding all of them:
+    yields (lo, hi, words of rows lo..hi-1, their lengths, whether they hold a 0 byte)."""
+    lo = 0
+    for chunk in _chunks(as_strings(strings)):
+        offsets, data = _layout(chunk)
+        if data.size < 8:
+            data = np.r_[data, np.zeros(8, np.uint8)]
+        # One unaligned big-endian word starting at every byte of the buffer, read without a
+        # copy. The few reads that would pass the end of the buffer come from a padded copy.
+        at_byte = np.ndarray(shape=(data.size - 7,), dtype=">u8", buffer=data, strides=(1,))
+        tail_from = data.size - 8
+        tail = np.r_[data[tail_from:], np.zeros(8 * width, np.uint8)]
+        at_tail = np.ndarray(shape=(tail.size - 7,), dtype=">u8", buffer=tail, strides=(1,))
+        for first in range(0, offsets.size - 1, rows):
+            bounds = offsets[first: first + rows + 1]
+            used = data[int(bounds[0]):int(bounds[-1])]
+            lengths = np.diff(bounds).astype(np.int64)
+            position = bounds[:-1].astype(np.int64)
+            words = []
+            for j in range(width):
+                past_end = position > tail_from
+                if past_end.any():
+                    word = at_byte[np.where(past_end, 0, position)].astype(np.uint64)
+                    word[past_end] = at_tail[position[past_end] - tail_from]
+                else:
+                    word = at_byte[position].astype(np.uint64)
+                remaining = lengths - 8 * j
+                if not (remaining >= 8).all():
+                    # Keep the word's first `remaining` bytes: numpy shifts uint64 by 64 to 0.
+                    shift = (64 - 8 * np.clip(remaining, 0, 8)).astype(np.uint64)
+                    word >>= shift
+                    word <<= shift
+                words.append(word)
+                position += 8
+            yield lo, lo + lengths.size, words, lengths, bool(used.size and not used.all())
+            lo += lengths.size
+
+
+def _chunks(strings) -> list[pa.Array]:
+    chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
+    return [c for c in chunks if len(c)]
+
+
+def _layout(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data bytes) of an Arrow string array, as numpy views."""
+    _, offsets_buf, data_buf = chunk.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, offset_type)[chunk.offset: chunk.offset + len(chunk) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _dense_rank(keys: np.ndarray) -> np.ndarray:
+    """int64 ranks 0..u-1 of the u distinct values of keys, in ascending order of value."""
+    if keys.size == 0:
+        return np.zeros(0, np.int64)
+    order = np.argsort(keys)
+    ordered = keys[order]
+    step = np.empty(keys.size, np.int64)
+    step[0] = 0
+    np.cumsum(ordered[1:] != ordered[:-1], out=step[1:])
+    ranks = np.empty_like(step)
+    ranks[order] = step
+    return ranks
+
+
+def _rank_word_tuples(keys: list[np.ndarray]) -> np.ndarray:
+    """Dense ranks of the tuples (keys[0][i], keys[1][i], ...) in lexicographic order."""
+    n = keys[0].size
+    # Runs of equal consecutive tuples (a run file repeats its query id on every line) are
+    # ranked once.
+    new = np.ones(n, bool)
+    if n > 1:
+        new[1:] = False
+        for k in keys:
+            new[1:] |= k[1:] != k[:-1]
+    heads = np.flatnonzero(new)
+    ranks = _dense_rank(keys[-1][heads])
+    # From the least significant key up: the pair (rank of key j, rank of keys j+1..) fits in
+    # 62 bits because both ranks are < n.
+    for k in reversed(keys[:-1]):
+        shift = max(1, int(ranks.max(initial=0)).bit_length())
+        ranks = _dense_rank((_dense_rank(k[heads]) << shift) | ranks)
+    return ranks[np.cumsum(new) - 1] if heads.size < n else ranks
+
+
+def sorted_codes(*parts) -> tuple[list[np.ndarray], np.ndarray]:
+    """Dense codes shared by several string arrays, ordered like the strings (byte-wise).
+
+    Returns (codes per part, int64[u]: for each code, the index of its first occurrence in the
+    concatenation of the parts)."""
+    parts = [as_strings(p) for p in parts]
+    encoded = [string_words(p) for p in parts]
+    width = max(len(words) for words, _, _ in encoded)
+    keys = [np.concatenate([words[j] if j < len(words) else np.zeros(len(p), np.uint64)
+                            for p, (words, _, _) in zip(parts, encoded)]) for j in range(width)]
+    if any(has_nul for _, _, has_nul in encoded):
+        keys.append(np.concatenate([lengths for _, lengths, _ in encoded]).astype(np.uint64))
+    total = keys[0].size
+    codes = _rank_word_tuples(keys) if total else np.zeros(0, np.int64)
+    u = int(codes.max()) + 1 if total else 0
+    first = np.empty(u, np.int64)
+    # Writing positions in reverse leaves each code's smallest position.
+    first[codes[::-1]] = np.arange(total - 1, -1, -1, dtype=np.int64)
+    bounds = np.cumsum([0] + [len(p) for p in parts])
+    return [codes[bounds[i]:bounds[i + 1]] for i in range(len(parts))], first
+
+
+def encode_ids(qrels_query, qrels_doc, run_query, run_doc) -> EncodedIds:
+    """Shared codes for the ids of a qrels and a run (Arrow string arrays, numpy arrays or lists).
+
+    O(n log n) with numpy sorts of 8-byte words; never a Python loop per id."""
+    qrels_query, run_query = as_strings(qrels_query), as_strings(run_query)
+    (qq, rq), first = sorted_codes(qrels_query, run_query)
+    (qd, rd), doc_first = sorted_codes(qrels_doc, run_doc)
+    in_qrels = first < len(qrels_query)
+    pieces = pa.concat_arrays([
+        _flat(qrels_query.take(pa.array(first[in_qrels]))).cast(pa.large_string()),
+        _flat(run_query.take(pa.array(first[~in_qrels] - len(qrels_query)))).cast(pa.large_string())])
+    position = np.empty(first.size, np.int64)
+    position[np.flatnonzero(in_qrels)] = np.arange(int(in_qrels.sum()))
+    position[np.flatnonzero(~in_qrels)] = np.arange(int(in_qrels.sum()), first.size)
+    query_ids = pieces.take(pa.array(position)).cast(pa.string())
+    return EncodedIds(qq, qd, rq, rd, query_ids, int(doc_first.size))
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """Indices sorting non-negative int keys, equal keys in input order.
+
+    Packs (key, index) into one int64 when it fits, because numpy sorts plain int64 values
+    several times faster than it argsorts them."""
+    n = keys.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    index_bits = max(1, (n - 1).bit_length())
+    if int(keys.min()) >= 0 and int(keys.max()).bit_length() + index_bits <= 62:
+        packed = (keys.astype(np.int64) << index_bits) | np.arange(n, dtype=np.int64)
+        packed.sort()
+        return packed & ((1 << index_bits) - 1)
+    return np.argsort(keys, kind="stable")
+
+
+def rank_run(query: np.ndarray, doc: np.ndarray, score: np.ndarray,
+             max_docs: int | None = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """trec_eval's ranking of every query at once.
+
+    query, doc: int64[n] codes (doc codes ordered like the ids); score: float64[n], finite.
+    Returns (order, rank): indices into the run of the kept rows, sorted by query code
+    ascending, then score descending, then doc code descending, and each row's 1-based rank
+    within its query; rows ranked past max_docs are dropped (None keeps all)."""
+    query = np.asarray(query, np.int64)
+    doc = np.asarray(doc, np.int64)
+    score = np.asarray(score, np.float64)
+    n = query.size
+    # Runs are usually written in rank order: grouping by query with a stable sort then
+    # often leaves nothing to sort by score.
+    order = _stable_order(query)
+    q, s = query[order], score[order]
+    same_query = q[1:] == q[:-1]
+    if np.any(same_query & (s[1:] > s[:-1])):
+        by_score = np.argsort(-score)  # ties are ordered by doc below
+        order = by_score[_stable_order(query[by_score])]
+        q, s = query[order], score[order]
+        same_query = q[1:] == q[:-1]
+    tied = same_query & (s[1:] == s[:-1])
+    if tied.any():
+        in_tie = np.zeros(n, bool)
+        in_tie[:-1] |= tied
+        in_tie[1:] |= tied
+        group = np.cumsum(np.r_[True, ~tied])
+        at = np.flatnonzero(in_tie)
+        within = np.lexsort((-doc[order[at]], group[at]))
+        order = order.copy()
+        order[at] = order[at[within]]
+    starts = np.flatnonzero(np.r_[True, ~same_query]) if n else np.zeros(0, np.int64)
+    rank = np.arange(1, n + 1, dtype=np.int64) - np.repeat(starts, np.diff(np.r_[starts, n]))
+    if max_docs is not None:
+        keep = rank <= max_docs
+        if not keep.all():
+            order, rank = order[keep], rank[keep]
+    return order, rank
+
+
+# ---------------------------------------------------------------------------------------------
+# Segment helpers: rows sorted by query slot, query s owning rows [start[s], start[s] + count[s]).
+
+def _segment_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """sum(values[lo[s]:hi[s]]) per s, added in row order (as trec_eval adds in rank order);
+    0 for empty ranges. lo, hi: int64 with lo <= hi, hi <= values.size."""
+    out = np.zeros(lo.size, np.float64)
+    nonempty = hi > lo
+    if not nonempty.any():
+        return out
+    padded = np.r_[values.astype(np.float64), 0.0]
+    bounds = np.empty(2 * int(nonempty.sum()), np.int64)
+    bounds[0::2], bounds[1::2] = lo[nonempty], hi[nonempty]
+    out[nonempty] = np.add.reduceat(padded, bounds)[0::2]
+    return out
+
+
+def _segment_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[s]:hi[s]]) per s, 0 for empty ranges (values >= 0)."""
+    out = np.zeros(lo.size, np.float64)
+    nonempty = hi > lo
+    if not nonempty.any():
+        return out
+    padded = np.r_[values.astype(np.float64), 0.0]
+    bounds = np.empty(2 * int(nonempty.sum()), np.int64)
+    bounds[0::2], bounds[1::2] = lo[nonempty], hi[nonempty]
+    out[nonempty] = np.maximum.reduceat(padded, bounds)[0::2]
+    return out
+
+
+def _segmented_cumsum(values: np.ndarray, start: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Running sums that restart at every segment. Accumulated in extended precision so that
+    subtracting the sum of the earlier segments loses nothing visible at float64."""
+    running = np.cumsum(values.astype(np.longdouble))
+    before = np.r_[np.longdouble(0), running][start]
+    return (running - before[segment]).astype(np.float64)
+
+
+def _ratio(numerator, denominator) -> np.ndarray:
+    """numerator / denominator, 0 where the denominator is 0."""
+    numerator = np.asarray(numerator, np.float64)
+    denominator = np.asarray(denominator, np.float64)
+    return np.divide(numerator, denominator, out=np.zeros(np.broadcast(numerator, denominator).shape),
+                     where=denominator != 0)
+
+
+def _round_half_up(x: np.ndarray) -> np.ndarray:
+    """C's lround for x >= 0 (half away from zero), exactly: x - floor(x) is exact in floats."""
+    whole = np.floor(x)
+    return (whole + (x - whole >= 0.5)).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+def judged_queries(qrels_query: np.ndarray) -> np.ndarray:
+    """Sorted distinct query codes of the qrels: the query set of an average with -c."""
+    return np.unique(np.asarray(qrels_query, np.int64))
+
+
+def evaluate(qrels_query, qrels_doc, qrels_rel, run_query, run_doc, run_score,
+             config: RetrievalConfig = RetrievalConfig(), complete: bool = False,
+             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per-query values of every measure of measure_names(config).
+
+    qrels_*: int64[m] query codes, doc codes, relevance levels (any int; negative = unjudged);
+    run_*: int64[n] query codes, doc codes, float64[n] finite scores. Codes from encode_ids:
+    shared between qrels and run, doc codes ordered like the doc ids. Each (query, doc) pair at
+    most once in each input (ValueError for the qrels; the run's duplicates are the caller's).
+    complete: also evaluate qrels queries absent from the run (trec_eval -c).
+    Returns (query codes int64[Q] ascending, {measure: float64[Q]}). Q = 0 when no query has
+    both qrels and run rows (trec_eval would refuse to print anything).
+    """
+    qrels_query = np.asarray(qrels_query, np.int64)
+    qrels_doc = np.asarray(qrels_doc, np.int64)
+    qrels_rel = np.asarray(qrels_rel, np.int64)
+    run_query = np.asarray(run_query, np.int64)
+    run_doc = np.asarray(run_doc, np.int64)
+    run_score = np.asarray(run_score, np.float64)
+    level_cut = config.relevance_level
+
+    order, rank = rank_run(run_query, run_doc, run_score, config.max_docs_per_query)
+    row_query = run_query[order]
+    judged = judged_queries(qrels_query)
+    if complete:
+        queries = judged
+    else:
+        ranked = row_query[np.r_[True, row_query[1:] != row_query[:-1]]] if row_query.size else row_query
+        queries = np.intersect1d(judged, ranked)
+    n_queries = queries.size
+
+    # Rows of the run's queries that have qrels, already sorted by query slot then rank.
+    slot = np.searchsorted(queries, row_query)
+    keep = slot < n_queries
+    keep[keep] = queries[slot[keep]] == row_query[keep]
+    slot, rank, order = slot[keep], rank[keep], order[keep]
+    level = _levels(qrels_query, qrels_doc, qrels_rel, run_query[order], run_doc[order])
+
+    # Qrels side, per query slot.
+    qslot = np.searchsorted(queries, qrels_query)
+    known = qslot < n_queries
+    known[known] = queries[qslot[known]] == qrels_query[known]
+    qslot, qlevel = qslot[known], qrels_rel[known]
+    num_rel = np.bincount(qslot[qlevel >= level_cut], minlength=n_queries)
+    num_nonrel = np.bincount(qslot[(qlevel >= 0) & (qlevel < level_cut)], minlength=n_queries)
+    ideal = _ideal(qslot, qlevel, n_queries)
+
+    # Run side: query s owns rows [start[s], start[s] + num_ret[s]).
+    num_ret = np.bincount(slot, minlength=n_queries)
+    start = np.r_[0, np.cumsum(num_ret)[:-1]].astype(np.int64)
+    relevant = level >= level_cut
+    judged_nonrel = (level >= 0) & (level < level_cut)
+    rel_before = np.r_[0, np.cumsum(relevant)]   # relevant rows before each row position
+    rel_so_far = rel_before[1:] - rel_before[start][slot]  # within the query, this row included
+
+    def relret(k):  # relevant rows among the first k of each query (k per query or scalar)
+        return rel_before[start + np.minimum(k, num_ret)] - rel_before[start]
+
+    def sums(values, k=None):
+        hi = start + (num_ret if k is None else np.minimum(k, num_ret))
+        return _segment_sums(values, start, hi)
+
+    values: dict[str, np.ndarray] = {}
+    values["num_ret"] = num_ret.astype(np.float64)
+    values["num_rel"] = num_rel.astype(np.float64)
+    values["num_rel_ret"] = relret(num_ret).astype(np.float64)
+    judged_before = np.r_[0, np.cumsum(judged_nonrel)]
+    values["num_nonrel_judged_ret"] = (judged_before[start + num_ret] - judged_before[start]).astype(np.float64)
+
+    precision_at_rel = np.where(relevant, rel_so_far / rank, 0.0)
+    values["map"] = _ratio(sums(precision_at_rel), num_rel)
+    values["Rprec"] = _ratio(relret(num_rel), num_rel)
+
+    # bpref: judged non-relevant docs above each relevant one, capped at R.
+    nonrel_above = (judged_before[:-1] - judged_before[start][slot]).astype(np.float64)
+    r_row, n_row = num_rel[slot].astype(np.float64), num_nonrel[slot].astype(np.float64)
+    penalty = _ratio(np.minimum(nonrel_above, r_row), np.minimum(n_row, r_row))
+    values["bpref"] = _ratio(sums(np.where(relevant, 1.0 - penalty, 0.0)), num_rel)
+
+    first_hit = relevant & (rel_so_far == 1)
+    recip_rank = np.zeros(n_queries)
+    recip_rank[slot[first_hit]] = 1.0 / rank[first_hit]
+    values["recip_rank"] = recip_rank
+
+    gain = np.where(level > 0, level, 0).astype(np.float64)
+    discounted = gain / np.log2(rank + 1.0)
+    dcg_all = sums(discounted)
+    values["ndcg"] = _ratio(dcg_all, ideal.dcg(None))
+    values["ndcg_rel"] = _ndcg_rel(gain, discounted, rank, slot, start, dcg_all, ideal)
+
+    for k in config.ks:
+        hits = relret(k)
+        precision = hits / k
+        recall = _ratio(hits, num_rel)
+        values[f"P_{k}"] = precision
+        values[f"recall_{k}"] = recall
+        values[f"F1_{k}"] = _ratio(2 * precision * recall, precision + recall)
+        values[f"success_{k}"] = (hits > 0).astype(np.float64)
+        values[f"map_cut_{k}"] = _ratio(sums(precision_at_rel, k), num_rel)
+        dcg = sums(discounted, k)
+        values[f"dcg_cut_{k}"] = dcg
+        values[f"ndcg_cut_{k}"] = _ratio(dcg, ideal.dcg(k))
+
+    values.update(_interpolated_precision(relevant, rel_so_far, rank, slot, num_rel,
+                                          relret(num_ret), config.recall_points,
+                                          config.iprec_rounding == "legacy"))
+    return queries, {name: values[name] for name in measure_names(config)}
+
+
+def _levels(qrels_query, qrels_doc, qrels_rel, query, doc) -> np.ndarray:
+    """The qrels level of each (query, doc) run row, NOT_JUDGED when the qrels lack the pair."""
+    n_docs = int(max(qrels_doc.max(initial=-1), doc.max(initial=-1))) + 1
+    n_q = int(max(qrels_query.max(initial=-1), query.max(initial=-1))) + 1
+    if n_docs * n_q >= 2 ** 63:
+        raise ValueError("codes too large to combine; use dense codes from encode_ids")
+    qrels_key = qrels_query * n_docs + qrels_doc
+    by_key = np.argsort(qrels_key)
+    qrels_key = qrels_key[by_key]
+    if np.any(qrels_key[1:] == qrels_key[:-1]):
+        raise ValueError("the qrels judge some (query, doc) pair twice")
+    qrels_rel = qrels_rel[by_key]
+    key = query * n_docs + doc
+    at = np.searchsorted(qrels_key, key)
+    found = at < qrels_key.size
+    found[found] = qrels_key[at[found]] == key[found]
+    level = np.full(key.size, NOT_JUDGED, np.int64)
+    level[found] = qrels_rel[at[found]]
+    return level
+
+
+@dataclass
+class _Ideal:
+    """Each query's positive judged gains sorted descending: query s owns entries
+    [start[s], start[s] + count[s]) of discounted (gain / log2(position + 1))."""
+
+    start: np.ndarray
+    count: np.ndarray
+    discounted: np.ndarray
+    slot: np.ndarray
+    position: np.ndarray
+
+    def dcg(self, k) -> np.ndarray:
+        """IDCG@k per query (k None: every judged gain)."""
+        hi = self.start + (self.count if k is None else np.minimum(self.count, k))
+        return _segment_sums(self.discounted, self.start, hi)
+
+
+def _ideal(qslot, qlevel, n_queries) -> _Ideal:
+    positive = qlevel > 0
+    slot, gain = qslot[positive], qlevel[positive]
+    by = np.lexsort((-gain, slot))
+    slot, gain = slot[by], gain[by].astype(np.float64)
+    count = np.bincount(slot, minlength=n_queries)
+    start = np.r_[0, np.cumsum(count)[:-1]].astype(np.int64)
+    position = np.arange(1, slot.size + 1, dtype=np.int64) - start[slot]
+    return _Ideal(start, count, gain / np.log2(position + 1.0), slot, position)
+
+
+def _ndcg_rel(gain, discounted, rank, slot, start, dcg_all, ideal: _Ideal) -> np.ndarray:
+    """trec_eval's ndcg_rel (see the module docstring), per query slot."""
+    n_queries = start.size
+    positive = gain > 0
+    ideal_so_far = _segmented_cumsum(ideal.discounted, ideal.start, ideal.slot)
+    rows = np.flatnonzero(positive)
+    row_slot = slot[rows]
+    # DCG down to each positive row: the gains of the other rows are 0.
+    row_start = np.searchsorted(row_slot, np.arange(n_queries))
+    dcg_so_far = _segmented_cumsum(discounted[rows], row_start, row_slot)
+    depth = np.minimum(rank[rows], ideal.count[row_slot])
+    idcg_here = ideal_so_far[ideal.start[row_slot] + depth - 1]
+    terms = dcg_so_far / idcg_here
+    retrieved = np.bincount(row_slot, minlength=n_queries)
+    total = _segment_sums(terms, row_start, row_start + retrieved)
+    idcg_all = ideal.dcg(None)
+    missing = (ideal.count - retrieved).astype(np.float64)
+    total = total + _ratio(missing * dcg_all, idcg_all)
+    return np.where(total > 0, _ratio(total, ideal.count), 0.0)
+
+
+def _interpolated_precision(relevant, rel_so_far, rank, slot, num_rel, num_rel_ret,
+                            points, legacy: bool) -> dict[str, np.ndarray]:
+    """iprec_at_recall_p per query slot (see the module docstring)."""
+    n_queries = num_rel.size
+    rows = np.flatnonzero(relevant)
+    precision = rel_so_far[rows] / rank[rows]
+    row_start = np.searchsorted(slot[rows], np.arange(n_queries))
+    row_end = row_start + num_rel_ret
+    out = {}
+    for p in points:
+        wanted = p * num_rel.astype(np.float64)
+        needed = (wanted + 0.9).astype(np.int64) if legacy else _round_half_up(wanted)
+        reachable = needed <= num_rel_ret
+        lo = row_start + np.maximum(needed, 1) - 1
+        value = _segment_max(precision, np.where(reachable, lo, row_end), row_end)
+        out[f"iprec_at_recall_{p:.2f}"] = value
+    return out
+
+
+def aggregate(values: dict[str, np.ndarray]) -> dict[str, float]:
+    """trec_eval's `all` line from per-query values: the sum for SUMMED counts, else the mean
+    (0 for no query)."""
+    out = {}
+    for name, column in values.items():
+        if name in SUMMED:
+            out[name] = float(np.sum(column))
+        else:
+            out[name] = float(np.mean(column)) if column.size else 0.0
+    return out
