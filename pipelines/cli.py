@@ -11,6 +11,7 @@ commands:
   detection        evaluate object detections, COCO or Valor protocol (evalbeam detection --help)
   segmentation     evaluate semantic segmentation masks (evalbeam segmentation --help)
   text             evaluate generated text: ROUGE, BLEU, rule-based guardrails (evalbeam text --help)
+  retrieval        evaluate retrieval runs against qrels, trec_eval compatible (evalbeam retrieval --help)
   demo             make a small synthetic dataset, evaluate it and show the results
 
 See the README for input formats, options and outputs."""
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         from pipelines.segmentation import run
     elif command == "text":
         from pipelines.text import run
+    elif command == "retrieval":
+        from pipelines.retrieval import run
     elif command == "demo":
         from pipelines.demo import run
     else:

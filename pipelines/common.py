@@ -183,7 +183,7 @@ def local_pipeline(args: list[str] | None = None):
 
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
             task_options: dict, check_source, build, summarize, started: float,
-            min_shards: int = 1, outputs: tuple = ()) -> int:
+            min_shards: int = 1, outputs: tuple = (), known_formats: bool = True) -> int:
     """Everything a task's launcher does around its pipeline.
 
     Expands and checks the inputs (check_source(name, source) raises InputError), prepares the
@@ -196,9 +196,9 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     from transforms.io import InputError, OutputFolder, expand_source, read_json
 
     try:
-        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths)}
+        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths, known_formats)}
         for name, pattern in models.items():
-            sources[name] = expand_source(name, pattern)
+            sources[name] = expand_source(name, pattern, known_formats)
         for name, source in sources.items():
             check_source(name, source)
         folder = OutputFolder(args.output, outputs)
@@ -252,7 +252,8 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     info = read_json(folder.final("run.json"))
     if not args.quiet:
         print(summarize(folder.final("metrics.jsonl"), info["counts"]))
-        scores = (f"scores.jsonl ({info['scores_written']:,} rows), " if "scores_written" in info else "")
+        scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
+                         if name.split(".")[0] + "_written" in info)
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
               f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
               f"Wall time {info['wall_time_seconds']:.1f} s.")

@@ -128,3 +128,25 @@ def text_summary(metrics_path: str, counts: dict) -> str:
                      for name, c in counts.items()])
     return f"\nText summary (means over datums; per-datum scores in scores.jsonl)\n" \
            f"{_table(['model', 'slice', *columns], rows)}\n\n{inputs}"
+
+
+def retrieval_summary(metrics_path: str, counts: dict) -> str:
+    """One row per (model, slice): queries, MAP, MRR, P@10, NDCG@10, NDCG."""
+    wanted = {("Queries", None): "queries", ("MAP", None): "MAP", ("MRR", None): "MRR",
+              ("Precision", 10): "P@10", ("NDCG", 10): "NDCG@10", ("NDCG", None): "NDCG"}
+    found: dict = {}
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            name = wanted.get((record["type"], record["parameters"].get("k")))
+            if name:
+                where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+                value = record["value"]
+                found.setdefault((record["model"], where), {})[name] = (
+                    f"{value:,}" if name == "queries" else f"{value:.4f}")
+    columns = [c for c in wanted.values() if any(c in cells for cells in found.values())]
+    rows = [[model, where] + [cells.get(c, "") for c in columns] for (model, where), cells in found.items()]
+    inputs = _table(["source", "rows read", "evaluated", "rejected"],
+                    [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
+                     for name, c in counts.items()])
+    return f"\nRetrieval summary (trec_eval conventions)\n{_table(['model', 'slice', *columns], rows)}\n\n{inputs}"

@@ -85,7 +85,7 @@ def format_of(path: str) -> str:
 
 
 def read_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str]]]:
-    """Qrels columns and rejects from a whole file's bytes; fmt "trec" or "jsonl"."""
+    """Qrels columns and rejects from a whole file's bytes (or str); fmt "trec" or "jsonl"."""
     blocks = _read(data, fmt, "qrels")
     columns = QrelsColumns(*_concat(blocks, np.int64))
     rejects = [r for b in blocks for r in b[4]]
@@ -94,7 +94,7 @@ def read_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str
 
 
 def read_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
-    """Run columns and rejects from a whole file's bytes; fmt "trec" or "jsonl"."""
+    """Run columns and rejects from a whole file's bytes (or str); fmt "trec" or "jsonl"."""
     blocks = _read(data, fmt, "run")
     columns = RunColumns(*_concat(blocks, np.float64))
     rejects = [r for b in blocks for r in b[4]]
@@ -109,6 +109,9 @@ _Block = tuple
 def _read(data: bytes, fmt: str, kind: str) -> list[_Block]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    data = bytes(data)
     fast, slow = ((_trec_fast, _trec_slow) if fmt == "trec" else (_jsonl_fast, _jsonl_slow))
     blocks = []
     line = 1

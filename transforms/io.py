@@ -42,8 +42,9 @@ class Source:
 
 
 
-def expand_source(name: str, pattern: str) -> Source:
-    """Match a path or glob; every match must be a file of a known format and not empty."""
+def expand_source(name: str, pattern: str, known_formats: bool = True) -> Source:
+    """Match a path or glob; every match must be a file (of a known format unless
+    known_formats is False: TREC files have no suffix) and not empty."""
     try:
         results = FileSystems.match([pattern])[0].metadata_list
     except Exception as error:  # each filesystem raises its own error types
@@ -56,7 +57,7 @@ def expand_source(name: str, pattern: str) -> Source:
         if os.path.isdir(meta.path):
             raise InputError(f"{meta.path} (given for {name}) is a folder: give its files as a "
                              f"quoted glob, e.g. '{meta.path.rstrip('/')}/*.jsonl'.")
-        if format_of(meta.path) is None:
+        if known_formats and format_of(meta.path) is None:
             raise InputError(f"{meta.path} (given for {name}) has an unknown format: use .jsonl "
                              "(or .ndjson, .json, optionally .gz) or .parquet file names.")
         if meta.size_in_bytes == 0:
@@ -238,6 +239,32 @@ def parse_rows(path: str):
     return rows, positions, rejected
 
 
+def merge_sorted_parts(parts: list, path: str, key_field: str) -> int:
+    """Merge part files [(path, rows)] into one file at path, sorted by the JSON text of each
+    line's first field key_field; returns the rows. The parts are deleted.
+
+    Lines must start with {"<key_field>": <JSON value>, "model": ... (json.dumps' separators).
+    Inside a JSON string every quote is escaped, so the first ', "model": ' ends the value, and
+    bytes compare as the str keys sort (UTF-8 keeps code point order). All lines of one key must
+    sit together, in order, in one part: heapq.merge is stable between equal keys of one part."""
+    import heapq
+
+    start, end = len(f'{{"{key_field}": '.encode()), b', "model": '
+    streams = [FileSystems.open(p) for p, _ in sorted(parts)]
+    try:
+        n = 0
+        with FileSystems.create(path) as out:
+            for line in heapq.merge(*streams, key=lambda line: line[start:line.index(end)]):
+                out.write(line)
+                n += 1
+    finally:
+        for stream in streams:
+            stream.close()
+    if parts:
+        FileSystems.delete([p for p, _ in parts])
+    return n
+
+
 class WriteJsonl(beam.PTransform):
     """Write all elements (dicts) to one JSONL file, sorted by sort_key: small outputs only."""
 
@@ -396,7 +423,7 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
         outputs={name: folder.final(name) for name in folder.names},
         wall_time_seconds=round(time.time() - started, 3),
     )
-    if n_scores is not None:
-        info["scores_written"] = n_scores
+    if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
+        info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores
     folder.finish(info)
     return info

@@ -9,7 +9,6 @@ any shard or worker count; the sums per (model, slice) are added by a CombineFn.
 
 from __future__ import annotations
 
-import heapq
 import json
 import typing
 
@@ -19,7 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
 from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join, parse_rows
+from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join, merge_sorted_parts,
+                           parse_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.text_scores import TextConfig, TextState, score_datum
 
@@ -38,16 +38,6 @@ def score_sort_key(row: dict):
 def score_line(row: dict) -> str:
     """One scores.jsonl line; datum_uid first (merge_score_parts reads it from the raw line)."""
     return json.dumps(row, ensure_ascii=False) + "\n"
-
-
-_UID_END = b', "model": '
-
-
-def _uid_key(line: bytes) -> bytes:
-    """The JSON text of a score line's datum_uid (bytes compare as the str keys sort: UTF-8 keeps
-    code point order). Inside a JSON string every quote is escaped, so the first ', "model": '
-    follows the closing quote."""
-    return line[len(b'{"datum_uid": '):line.index(_UID_END)]
 
 
 def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
@@ -190,21 +180,8 @@ class MatchText(ProgressDoFn):
 
 
 def merge_score_parts(parts: list, path: str) -> int:
-    """Merge sorted part files [(path, rows)] into one sorted file at path; returns the rows."""
-    # All rows of a datum are in one part, consecutive and in order, so merging on datum_uid
-    # alone (stable between equal keys of one part) gives the full sort order.
-    streams = [FileSystems.open(p) for p, _ in sorted(parts)]
-    try:
-        n = 0
-        with FileSystems.create(path) as out:
-            for line in heapq.merge(*streams, key=_uid_key):
-                out.write(line)
-                n += 1
-    finally:
-        for stream in streams:
-            stream.close()
-    FileSystems.delete([p for p, _ in parts])
-    return n
+    """Merge the sorted part files [(path, rows)] into scores.jsonl; returns the rows."""
+    return merge_sorted_parts(parts, path, "datum_uid")
 
 
 class TextCombineFn(beam.CombineFn):
