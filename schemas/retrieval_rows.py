@@ -10,9 +10,8 @@ JSONL qrels: {"query_id": str, "doc_id": str, "relevance": int, "metadata"?: obj
 JSONL run: {"query_id": str, "doc_id": str, "score": number}. Other keys are ignored.
 
 Columns: ids are Arrow string columns (pa.ChunkedArray of pa.string(), one chunk or more per
-block read; 10 M ids stay in a few buffers where a numpy object array would hold 10 M Python
-objects),
-relevance int64, score float64, line int64 (1-based line of each row). Use
+block read: 10 M ids stay in a few buffers where a numpy object array would hold 10 M Python
+objects); relevance int64, score float64, line int64 (the 1-based line of each row). Use
 transforms.kernels.retrieval.encode_ids to turn the ids into the kernel's codes.
 
 Rejects: [(line, reason)] sorted by line, for lines that are not rows: wrong field count,
@@ -177,7 +176,7 @@ def _trec_fast(data: bytes, start: int, end: int, first_line: int, kind: str) ->
     # which the line-by-line reader would not see as a field at all.
     if any(_has_empty(table.column(name)) for name in names if name != value_name):
         return None
-    value = table.column(value_name).to_numpy()
+    value = _numbers(table.column(value_name), np.int64 if kind == "qrels" else np.float64)
     if kind == "run" and not np.isfinite(value).all():
         return None
     line = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)
@@ -246,6 +245,11 @@ def _parse_score(token: bytes) -> tuple[float | None, str | None]:
     return value, None
 
 
+def _numbers(column: pa.ChunkedArray, dtype) -> np.ndarray:
+    # Chunk by chunk: ChunkedArray.to_numpy() imports pandas, which costs a quarter second.
+    return np.concatenate([c.to_numpy() for c in column.chunks] + [np.zeros(0, dtype)])
+
+
 def _has_empty(column: pa.ChunkedArray) -> bool:
     """Whether any string of the column is "" (two offsets in a row are equal)."""
     for chunk in column.chunks:
@@ -283,7 +287,7 @@ def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -
         return None
     if _has_empty(table.column("query_id")) or _has_empty(table.column("doc_id")):
         return None
-    value = table.column(value_name).to_numpy()
+    value = _numbers(table.column(value_name), np.int64 if kind == "qrels" else np.float64)
     if kind == "run" and not np.isfinite(value).all():
         return None
     return table.column("query_id"), table.column("doc_id"), value, lines, []
