@@ -246,8 +246,11 @@ def _parse_score(token: bytes) -> tuple[float | None, str | None]:
 
 
 def _numbers(column: pa.ChunkedArray, dtype) -> np.ndarray:
-    # Chunk by chunk: ChunkedArray.to_numpy() imports pandas, which costs a quarter second.
-    return np.concatenate([c.to_numpy() for c in column.chunks] + [np.zeros(0, dtype)])
+    """The values of a numeric column without nulls. Read from the Arrow buffers: to_numpy()
+    imports pandas on first use, a quarter second."""
+    parts = [np.frombuffer(c.buffers()[1], dtype)[c.offset: c.offset + len(c)]
+             for c in column.chunks if len(c)]
+    return np.concatenate(parts + [np.zeros(0, dtype)])
 
 
 def _has_empty(column: pa.ChunkedArray) -> bool:
@@ -410,7 +413,9 @@ def _drop_duplicates(columns):
         if len(rows) < 2:
             continue
         lines = columns.line[rows].tolist()
-        listed = ", ".join(map(str, lines[:MAX_LINES_LISTED])) + (", ..." if len(lines) > MAX_LINES_LISTED else "")
+        listed = ", ".join(map(str, lines[:MAX_LINES_LISTED]))
+        if len(lines) > MAX_LINES_LISTED:
+            listed += ", ..."
         reason = f"duplicate (query, doc) pair ({query!r}, {doc!r}) on lines {listed}"
         dropped += rows
         rejects += [(line, reason) for line in lines]
@@ -419,6 +424,7 @@ def _drop_duplicates(columns):
     keep = np.ones(n, bool)
     keep[dropped] = False
     mask = pa.array(keep)
-    fields = [columns.query.filter(mask), columns.doc.filter(mask)]
-    rest = [getattr(columns, f)[keep] for f in ("relevance" if isinstance(columns, QrelsColumns) else "score", "line")]
-    return type(columns)(*fields, *rest), rejects
+    value = columns.relevance if isinstance(columns, QrelsColumns) else columns.score
+    kept = type(columns)(columns.query.filter(mask), columns.doc.filter(mask), value[keep],
+                         columns.line[keep])
+    return kept, rejects

@@ -13,16 +13,25 @@ import pytest
 
 import schemas.retrieval_rows as rows
 from schemas.retrieval_rows import read_qrels, read_run
-from transforms.kernels.retrieval import (RetrievalConfig, aggregate, encode_ids, evaluate,
-                                          judged_queries, measure_names, rank_run, sorted_codes)
+from transforms.kernels.retrieval import (
+    RetrievalConfig,
+    aggregate,
+    encode_ids,
+    evaluate,
+    judged_queries,
+    measure_names,
+    rank_run,
+    sorted_codes,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 
 
-def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig = RetrievalConfig(),
+def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
                  complete: bool = False) -> dict[str, dict[str, float]]:
     """{query id: {measure: value}} from {qid: {docno: level}} and {qid: {docno: score}}."""
+    config = config or RetrievalConfig()
     qq = [q for q, docs in qrels.items() for _ in docs]
     qd = [d for docs in qrels.values() for d in docs]
     qr = np.array([v for docs in qrels.values() for v in docs.values()], np.int64)
@@ -316,6 +325,26 @@ def test_per_query_values_add_up_across_shards():
     assert judged_queries(np.array([3, 1, 3])).tolist() == [1, 3]
 
 
+def test_input_order_does_not_matter():
+    qrels, run = random_case(5)
+    qq = [q for q, docs in qrels.items() for _ in docs]
+    qd = [d for docs in qrels.values() for d in docs]
+    qr = np.array([v for docs in qrels.values() for v in docs.values()], np.int64)
+    rq = [q for q, docs in run.items() for _ in docs]
+    rd = [d for docs in run.values() for d in docs]
+    rs = np.array([v for docs in run.values() for v in docs.values()])
+    ids = encode_ids(qq, qd, rq, rd)
+    config = RetrievalConfig(ks=KS)
+    codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qr, ids.run_query, ids.run_doc, rs, config)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        p, r = rng.permutation(len(qq)), rng.permutation(len(rq))
+        codes2, values2 = evaluate(ids.qrels_query[p], ids.qrels_doc[p], qr[p], ids.run_query[r],
+                                   ids.run_doc[r], rs[r], config)
+        assert codes2.tolist() == codes.tolist()
+        assert all(values2[m].tolist() == values[m].tolist() for m in values)
+
+
 def test_measure_names_follow_trec_eval():
     names = measure_names(RetrievalConfig(ks=(5,), recall_points=(0.5,)))
     assert names == ["num_ret", "num_rel", "num_rel_ret", "num_nonrel_judged_ret", "map", "Rprec",
@@ -335,7 +364,8 @@ def test_sorted_codes_order_like_bytes(seed):
     alphabet = ["a", "b", "\x00", "é", "Z", "0", "9", "-", "\U0001F600"]
     for _ in range(60):
         prefix = "".join(rng.choice(alphabet, int(rng.integers(0, 12))))
-        strings = [prefix + "".join(rng.choice(alphabet[: int(rng.integers(1, 10))], int(rng.integers(0, 20))))
+        strings = [prefix + "".join(rng.choice(alphabet[: int(rng.integers(1, 10))],
+                                               int(rng.integers(0, 20))))
                    for _ in range(int(rng.integers(1, 50)))]
         strings += list(rng.choice(strings, 10))
         cut = int(rng.integers(0, len(strings)))
@@ -376,12 +406,12 @@ def test_trec_qrels_messy_whitespace():
 
 
 def test_trec_run_messy_whitespace_and_extra_fields():
-    data = ("q1 Q0 d1 1 2.5 run\n"
-            "\n"
-            "q1\tQ0\td2\t2\t-1e-3\trun\n"
-            "q1 Q0 d3  3   +4 run  trailing junk \n"
-            "   \n"
-            "q2 Q0 d1 1 0 run").encode()
+    data = (b"q1 Q0 d1 1 2.5 run\n"
+            b"\n"
+            b"q1\tQ0\td2\t2\t-1e-3\trun\n"
+            b"q1 Q0 d3  3   +4 run  trailing junk \n"
+            b"   \n"
+            b"q2 Q0 d1 1 0 run")
     cols, rejects = read_run(data, "trec")
     assert rejects == []
     assert cols.query.to_pylist() == ["q1", "q1", "q1", "q2"]
