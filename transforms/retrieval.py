@@ -65,11 +65,19 @@ class RetrievalState:
 
 
 def _split_by_query(columns, num_shards: int):
-    """{shard: row indices} of columns (query ids hashed)."""
+    """{shard: row indices} of columns: FNV-1a of the query id, mod num_shards. Rows of a query
+    repeat its id (100 documents a query in a run), so the distinct ids are hashed and looked up."""
     if not len(columns):
         return {}
-    shards = shard_of(fnv1a_64(columns.query), num_shards)
-    order = np.argsort(shards, kind="stable")
+    import pyarrow.compute as pc
+
+    distinct = pc.unique(columns.query)
+    index = pc.index_in(columns.query, value_set=distinct)
+    index = np.concatenate([c.to_numpy(zero_copy_only=False) for c in index.chunks]) \
+        if isinstance(index, pa.ChunkedArray) else index.to_numpy(zero_copy_only=False)
+    shards = shard_of(fnv1a_64(distinct), num_shards)[index]
+    # small integers: numpy's stable sort is a radix sort for 16-bit keys
+    order = np.argsort(shards.astype(np.uint16 if num_shards < 1 << 16 else np.int64), kind="stable")
     bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
     return {s: order[bounds[s]:bounds[s + 1]] for s in range(num_shards) if bounds[s + 1] > bounds[s]}
 
