@@ -36,9 +36,13 @@ EVALBEAM_PARAMETERS = {
     "task", "groundtruths", "predictions", "output", "slice", "score_thresholds", "hardmax",
     "pr_curve_thresholds", "max_examples", "metrics", "num_shards", "max_rejected_fraction", "quiet",
     "iou_type", "protocol", "iou_thresholds", "pr_curve_iou_threshold",  # detection
+    "score_bins",
+    "label_names", "ignore_id", "unlabeled_id",  # segmentation
+    "rouge_types", "rouge_use_stemmer", "bleu_weights",  # text
+    "k", "relevance_level", "max_docs", "complete", "per_query",  # retrieval
 }
 PATH_PARAMETERS = {"groundtruths", "predictions", "output"}
-BOOLEAN_PARAMETERS = {"hardmax", "quiet"}
+BOOLEAN_PARAMETERS = {"hardmax", "quiet", "rouge_use_stemmer", "complete", "per_query"}
 PREDICTIONS_SEPARATOR = ";"
 RUN_DATE_TOKEN = "{run_date}"
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
