@@ -143,7 +143,8 @@ def build_pipeline(pipeline, sources, models, slices, config, complete, per_quer
 
     metrics, parts, rejected, stats = pipeline | "Retrieval" >> EvaluateRetrievalFiles(
         sources, sorted(models), config, complete, read_slices(sources, slices), num_shards,
-        folder.temp("per-query-parts") if per_query else None, quiet, started)
+        folder.temp("per-query-parts") if per_query else None, quiet, started,
+        folder.temp("pieces"))
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     extra = []

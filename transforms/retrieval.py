@@ -89,13 +89,36 @@ def _take(columns, index: np.ndarray):
                          columns.line[index])
 
 
-class ReadRetrievalFile(ProgressDoFn):
-    """(source, file id) -> (shard, (source, columns)) pieces; rejects and stats tagged."""
+def write_piece(columns, path: str) -> None:
+    """Columns as one Arrow IPC stream (query, doc, value, line) at path, through FileSystems."""
+    value = columns.relevance if hasattr(columns, "relevance") else columns.score
+    table = pa.table({"query": columns.query, "doc": columns.doc, "value": value, "line": columns.line})
+    with FileSystems.create(path) as out:
+        with pa.ipc.new_stream(out, table.schema) as writer:
+            writer.write_table(table)
 
-    def __init__(self, sources, num_shards: int, quiet: bool, started: float):
+
+def read_piece(path: str, qrels: bool):
+    """The columns write_piece wrote (QrelsColumns when qrels, else RunColumns)."""
+    from schemas.retrieval_rows import QrelsColumns, RunColumns
+
+    with FileSystems.open(path) as stream:
+        table = pa.ipc.open_stream(stream).read_all()
+    kind = QrelsColumns if qrels else RunColumns
+    return kind(table["query"], table["doc"], table["value"].to_numpy(), table["line"].to_numpy())
+
+
+class ReadRetrievalFile(ProgressDoFn):
+    """(source, file id) -> (shard, (source, columns)) pieces; rejects and stats tagged. With
+    pieces_dir, each piece is written there as an Arrow IPC stream and only its path travels
+    (hundreds of MB of ids need not pass through the runner's data plane)."""
+
+    def __init__(self, sources, num_shards: int, quiet: bool, started: float,
+                 pieces_dir: str | None = None):
         super().__init__(quiet, started)
         self.sources = sources
         self.num_shards = num_shards
+        self.pieces_dir = pieces_dir
 
     def process(self, element):
         name, file_id = element
@@ -111,7 +134,12 @@ class ReadRetrievalFile(ProgressDoFn):
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejects)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), len(columns)))
         for shard, index in _split_by_query(columns, self.num_shards).items():
-            yield shard, (name, _take(columns, index))
+            piece = _take(columns, index)
+            if self.pieces_dir is not None:
+                path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}.arrow")
+                write_piece(piece, path)
+                piece = path
+            yield shard, (name, piece)
         self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}", force=True)
 
 
@@ -143,6 +171,8 @@ class EvaluateShard(ProgressDoFn):
         shard, pieces = element
         by_source: dict = {}
         for source, columns in pieces:
+            if isinstance(columns, str):      # a piece spilled to an Arrow IPC file
+                columns = read_piece(columns, source == GROUNDTRUTHS)
             by_source.setdefault(source, []).append(columns)
         qrels = by_source.get(GROUNDTRUTHS)
         if not qrels:
@@ -237,8 +267,10 @@ class EvaluateRetrievalFiles(beam.PTransform):
     """Qrels and run files (Sources) -> (records, per-query parts, rejects, stats)."""
 
     def __init__(self, sources, models, config: RetrievalConfig, complete: bool, slices: dict | None,
-                 num_shards: int, per_query_dir: str | None, quiet: bool, started: float):
+                 num_shards: int, per_query_dir: str | None, quiet: bool, started: float,
+                 pieces_dir: str | None = None):
         super().__init__()
+        self.pieces_dir = pieces_dir
         self.sources = sources
         self.models = models
         self.config = config
@@ -251,7 +283,8 @@ class EvaluateRetrievalFiles(beam.PTransform):
 
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(
-            self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started),
+            self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started,
+                                            self.pieces_dir),
             (TAG_REJECTED, TAG_STATS))
         evaluated = (read.pieces
                      | "GroupByShard" >> beam.GroupByKey()
