@@ -22,7 +22,8 @@ from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
 from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
+from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows,
+                           tagged_batches)
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
                                           BinnedState, CocoState, DetailedState,
                                           ValorBinnedState, accumulate,
@@ -847,10 +848,7 @@ class EvaluateDetection(beam.PTransform):
             raise ValueError(f"EvaluateDetection needs a {GROUNDTRUTHS!r} PCollection")
         models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = [pcolls[name]
-                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
-                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                   for name in [GROUNDTRUTHS] + models]
+        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
         read = (batches
                 | "Batches" >> beam.Flatten()
                 | "Rows" >> beam.ParDo(DetectionRowsFromDicts(slice_keys, self.num_shards, self.iou_type))

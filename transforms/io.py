@@ -265,6 +265,52 @@ def merge_sorted_parts(parts: list, path: str, key_field: str) -> int:
     return n
 
 
+class MergeStates(beam.CombineFn):
+    """Combines partial states that have copy() and merge() (the per-task states: sums, counts,
+    exact totals); merging is exact and order-free, so any bundling gives the same state."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, state):
+        return state.copy() if acc is None else acc.merge(state)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for acc in accs:
+            if acc is not None:
+                out = acc.copy() if out is None else out.merge(acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def unique_rows(rows: list, repeated) -> dict:
+    """{uid: row} of the rows whose .uid appears once; repeated(row, copies) is called for every
+    copy of a repeated uid (the caller rejects them: keeping one would depend on input order)."""
+    seen: dict = {}
+    for row in rows:
+        seen.setdefault(row.uid, []).append(row)
+    out = {}
+    for uid, copies in seen.items():
+        if len(copies) == 1:
+            out[uid] = copies[0]
+        else:
+            for row in copies:
+                repeated(row, len(copies))
+    return out
+
+
+def tagged_batches(pcolls: dict, names: list[str], batch_size: int) -> list:
+    """(source, [row dict, ...]) batches of each named PCollection, for the tasks' PTransforms
+    that take rows from a user's pipeline instead of files."""
+    return [pcolls[name]
+            | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=batch_size)
+            | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
+            for name in names]
+
+
 class WriteJsonl(beam.PTransform):
     """Write all elements (dicts) to one JSONL file, sorted by sort_key: small outputs only."""
 

@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas.retrieval_rows import format_of, read_qrels, read_run
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join
+from transforms.io import TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join
 from transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
 from transforms.kernels.hashing import fnv1a_64, shard_of
 from transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
@@ -222,24 +222,6 @@ class EvaluateShard(ProgressDoFn):
         return groups
 
 
-class RetrievalCombineFn(beam.CombineFn):
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, state):
-        return state.copy() if acc is None else acc.merge(state)
-
-    def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc.copy() if out is None else out.merge(acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
-
-
 def records(element, config: RetrievalConfig, complete: bool):
     """Averages (sums for counts) of the reported measures, as trec_eval's `all` line."""
     (model, slice_json), state = element
@@ -293,6 +275,6 @@ class EvaluateRetrievalFiles(beam.PTransform):
                          self.quiet, self.started))
                      .with_output_types(PARTIAL).with_outputs(TAG_PER_QUERY, main="partials"))
         metrics = (evaluated.partials
-                   | "Combine" >> beam.CombinePerKey(RetrievalCombineFn())
+                   | "Combine" >> beam.CombinePerKey(MergeStates())
                    | "Records" >> beam.FlatMap(records, self.config, self.complete))
         return metrics, evaluated[TAG_PER_QUERY], read[TAG_REJECTED], read[TAG_STATS]

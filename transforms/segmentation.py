@@ -20,7 +20,8 @@ from schemas.mask_files import MaskFileError, read_array
 from schemas.rows import canonical_json, reject
 from schemas.formats import position_name
 from schemas.segmentation_rows import SegmentRow, segment_rows
-from transforms.io import TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows
+from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, parse_rows,
+                           tagged_batches, unique_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
@@ -209,17 +210,8 @@ class MatchSegmentation(ProgressDoFn):
 
     def _unique(self, source, rows: list, outputs: list) -> dict:
         """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected."""
-        seen: dict = {}
-        for row in rows:
-            seen.setdefault(row.uid, []).append(row)
-        out = {}
-        for uid, copies in seen.items():
-            if len(copies) == 1:
-                out[uid] = copies[0]
-            else:
-                outputs.extend(self._reject(source, r, f"datum_uid appears {len(copies)} times in "
-                                                       f"{source}") for r in copies)
-        return out
+        return unique_rows(rows, lambda row, n: outputs.append(
+            self._reject(source, row, f"datum_uid appears {n} times in {source}")))
 
     def _compare(self, uid, truth, truth_table, truth_codes, predictions, codes, tables, K):
         """[(model, matrix, declared codes, prediction row or None, rejection reason or None)]
@@ -305,26 +297,6 @@ class MatchSegmentation(ProgressDoFn):
         self.progress.say("match", f"matched shard {shard}")
 
 
-class SegmentationCombineFn(beam.CombineFn):
-    """Adds SegmentationStates (exact: integer sums and set unions)."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, state):
-        return state.copy() if acc is None else acc.merge(state)
-
-    def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc.copy() if out is None else out.merge(acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
-
-
 def records(element, labels):
     """((model, slice JSON), SegmentationState) -> Valor's records for the labels present: those
     named by an evaluated segment or with pixels in the ground truth or a prediction."""
@@ -377,7 +349,7 @@ def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
     metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(SegmentationCombineFn())
+               | "Combine" >> beam.CombinePerKey(MergeStates())
                | "Records" >> beam.FlatMap(records, labels))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
@@ -435,10 +407,7 @@ class EvaluateSegmentation(beam.PTransform):
             raise ValueError(f"EvaluateSegmentation needs a {GROUNDTRUTHS!r} PCollection")
         models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = [pcolls[name]
-                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
-                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                   for name in [GROUNDTRUTHS] + models]
+        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
         read = (batches
                 | "Batches" >> beam.Flatten()
                 | "Rows" >> beam.ParDo(SegmentationRowsFromDicts(slice_keys, self.num_shards))

@@ -18,8 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
 from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
-from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join, merge_sorted_parts,
-                           parse_rows)
+from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
+                           merge_sorted_parts, parse_rows, tagged_batches, unique_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.text_scores import TextConfig, TextState, score_datum
 
@@ -124,18 +124,10 @@ class MatchText(ProgressDoFn):
         position = row.position if row.position >= 0 else None
         return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
 
-    def _unique(self, source, rows, outputs) -> dict:
-        seen: dict = {}
-        for row in rows:
-            seen.setdefault(row.uid, []).append(row)
-        out = {}
-        for uid, copies in seen.items():
-            if len(copies) == 1:
-                out[uid] = copies[0]
-            else:
-                outputs.extend(self._reject(source, r, f"datum_uid appears {len(copies)} times in {source}")
-                               for r in copies)
-        return out
+    def _unique(self, source, rows: list, outputs: list) -> dict:
+        """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected."""
+        return unique_rows(rows, lambda row, n: outputs.append(
+            self._reject(source, row, f"datum_uid appears {n} times in {source}")))
 
     def process(self, element):
         shard, pieces = element
@@ -184,26 +176,6 @@ def merge_score_parts(parts: list, path: str) -> int:
     return merge_sorted_parts(parts, path, "datum_uid")
 
 
-class TextCombineFn(beam.CombineFn):
-    """Adds TextStates (sums, counts and rule counts: exact)."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, state):
-        return state.copy() if acc is None else acc.merge(state)
-
-    def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc.copy() if out is None else out.merge(acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
-
-
 def records(element, config: TextConfig):
     (model, slice_json), state = element
     base = {"model": model, "slice": json.loads(slice_json)}
@@ -218,7 +190,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, main="partials"))
     metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(TextCombineFn())
+               | "Combine" >> beam.CombinePerKey(MergeStates())
                | "Records" >> beam.FlatMap(records, config))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
@@ -271,10 +243,7 @@ class EvaluateText(beam.PTransform):
             raise ValueError(f"EvaluateText needs a {GROUNDTRUTHS!r} PCollection")
         models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = [pcolls[name]
-                   | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
-                   | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                   for name in [GROUNDTRUTHS] + models]
+        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
         read = (batches
                 | "Batches" >> beam.Flatten()
                 | "Rows" >> beam.ParDo(TextRowsFromDicts(slice_keys, self.num_shards, self.config))
