@@ -12,6 +12,7 @@ commands:
   segmentation     evaluate semantic segmentation masks (evalbeam segmentation --help)
   text             evaluate generated text: ROUGE, BLEU, rule-based guardrails (evalbeam text --help)
   retrieval        evaluate retrieval runs against qrels, trec_eval compatible (evalbeam retrieval --help)
+  judge-server     a local stand-in for an OpenAI-compatible judge endpoint (tests, dry runs)
   demo             make a small synthetic dataset, evaluate it and show the results
 
 See the README for input formats, options and outputs."""
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
         from pipelines.text import run
     elif command == "retrieval":
         from pipelines.retrieval import run
+    elif command == "judge-server":
+        from pipelines.judge_server import run
     elif command == "demo":
         from pipelines.demo import run
     else:

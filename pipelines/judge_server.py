@@ -1,0 +1,812 @@
+"""`evalbeam judge-server`: a deterministic stand-in for an OpenAI-compatible LLM judge.
+
+    evalbeam judge-server --port N [--host 127.0.0.1] [--latency-ms M] [--rpm R]
+        [--fault-rate F] [--faults 429,500,503,timeout,reset,malformed,truncated] [--seed S]
+        [--timeout-fault-s T]
+
+Endpoints: POST /v1/chat/completions, POST /v1/embeddings, GET /stats, POST /stats/reset.
+Tests use `StandInServer` (a context manager running the app on 127.0.0.1 in a background thread).
+
+Answer rules (everything is a pure function of the request body, so the same request always gets the
+same answer; `created` is 0 and `system_fingerprint` is fixed):
+
+* Tokens: `\\w+` runs and single punctuation characters each count as one token
+  (`count_tokens`). prompt_tokens counts the text of every message (string content, or the "text" of
+  content parts); cached_tokens and reasoning_tokens are always 0. With `n` choices the completion
+  tokens are counted once per choice.
+* Subject and reference: in the last user message, the last marker `statement(s):`, `claim(s):`,
+  `answer:`, `response:`, `actual output:`, `output:` or `opinion(s):` (case-insensitive) splits it;
+  the subject is the text after the marker and the reference is every other piece of prompt text
+  (system and earlier messages, plus the part before the marker). Without a marker the subject is the
+  whole last user message and the reference is all other messages.
+* Sentences of a text: a JSON list of strings is taken as it is; otherwise split after . ! ? and at
+  line breaks, bullets ("- ", "* ", "1. ") stripped, empty pieces dropped.
+* Overlap of a text with the reference: content words (lower-cased `\\w+` of 3+ characters or digits,
+  minus a few stop words) of the text that also occur in the reference, divided by its content words
+  (0 when it has none). Verdict = overlap >= 0.5.
+* json_schema: the schema is walked (`SchemaWriter`): objects get every property (strict mode wants
+  them all); arrays get one item per sentence of the subject (clamped to minItems/maxItems) and each
+  item is judged on its own sentence; strings named like statement/claim/opinion/truth/text take the
+  sentence, other strings a fixed reason sentence (padded/cut to minLength/maxLength; `format` and
+  `pattern` are ignored); booleans and yes/no/idk/0/1 enums follow the verdict (never "idk"); integers
+  named verdict/attributed/... are 1/0; other numbers are min + overlap * (max - min) within the bounds
+  (default 0..1; integers rounded); other enums are ordered values picked at round(overlap * (k - 1))
+  for numbers, or by a hash of the request and field for strings; `$ref` into `#/$defs` or
+  `#/definitions`, `anyOf`/`oneOf` (first non-null branch), `allOf` (first branch) and `const` work.
+* json_object without a schema: {"verdict": 1|0, "reason": "..."} for the whole subject.
+* Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first).
+* max_tokens: content longer than that is cut to max_tokens tokens and finish_reason is "length".
+* logprobs: one entry per token (leading whitespace kept with the token); the chosen token has
+  p = 0.7, alternatives p = 0.3 * 2^-(k+1); digit tokens get neighbouring digits as alternatives.
+* Embeddings: every content word hashed (sha256) to one of `dimensions` (default 64) slots with a
+  hashed sign, then L2-normalised; a text without words gets the unit vector e0.
+
+Faults (`--fault-rate F`, kinds from `--faults`, a seeded RNG drawing two numbers per arriving API
+request, so the schedule depends only on the seed and the arrival order): 429 (rate-limit body with
+Retry-After), 500, 503, timeout (waits `timeout_fault_s`, default 30 s, then answers normally),
+reset (TCP reset, no response), malformed (200 with a body cut in half, or, when JSON content was
+asked, message content that is not JSON), truncated (200, finish_reason "length", content cut to half
+its tokens). Faults apply to both POST endpoints; /stats is never faulted or rate limited.
+
+Permanent errors by model name: fail-400, fail-401, fail-403, fail-404, and quota (429 with code
+insufficient_quota); they carry `x-should-retry: false`.
+
+Rate limit (`--rpm R`): a sliding 60 s window of accepted requests; beyond R, 429 with `Retry-After`
+(whole seconds, rounded up), `retry-after-ms` and an OpenAI-style body. Every API response carries
+`x-ratelimit-remaining-requests` (1000000 when unlimited).
+
+The Authorization header is never read, logged or echoed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import hashlib
+import json
+import math
+import random
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+
+from aiohttp import web
+
+SYSTEM_FINGERPRINT = "fp_evalbeam_standin_v1"
+FAULT_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "truncated")
+PERMANENT_MODELS = ("fail-400", "fail-401", "fail-403", "fail-404", "quota")
+UNLIMITED = 1_000_000  # what x-ratelimit-remaining-requests says when there is no --rpm
+WINDOW_S = 60.0
+STATE = web.AppKey("state", object)
+FAULT_RETRY_AFTER_MS = 200  # short, so clients under test do not sleep long on a 429 fault
+EMBEDDING_DIM = 64
+
+TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+LOGPROB_TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
+WORD_RE = re.compile(r"\w+")
+MARKER_RE = re.compile(r"(?i)\b(?:statements?|claims?|answer|response|actual[ _]output|output|"
+                       r"opinions?)\s*:")
+SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+BULLET_RE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
+STOP_WORDS = frozenset(
+    "the and for are but not you all any can had her was one our out has his how its may new now "
+    "old see two who did get let say she too use that with have this will your from they been were "
+    "what when where which while there their then than them these those into also only some such "
+    "very just over more most other about would could should".split())
+VERDICT_NAMES = ("verdict", "attributed", "supported", "relevant", "faithful", "useful", "correct",
+                 "agrees", "is_")
+SENTENCE_NAMES = ("statement", "claim", "opinion", "truth", "sentence", "text", "question")
+YES_NO = {"yes": True, "no": False, "true": True, "false": False, "1": True, "0": False}
+
+
+# ---------------------------------------------------------------- text rules
+
+def count_tokens(text: str) -> int:
+    """Tokens = `\\w+` runs plus single punctuation characters (whitespace is free)."""
+    return len(TOKEN_RE.findall(text or ""))
+
+
+def cut_tokens(text: str, limit: int) -> str:
+    """The prefix of `text` that holds its first `limit` tokens (all of it if it has fewer)."""
+    if limit <= 0:
+        return ""
+    for i, match in enumerate(TOKEN_RE.finditer(text)):
+        if i + 1 == limit:
+            return text[:match.end()]
+    return text
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased words of 3+ characters (or digits), minus stop words."""
+    return {w for w in WORD_RE.findall((text or "").lower())
+            if (len(w) >= 3 or w.isdigit()) and w not in STOP_WORDS}
+
+
+def overlap(text: str, reference_words: set[str]) -> float:
+    """Share of the content words of `text` found in the reference; 0 when `text` has none."""
+    words = content_words(text)
+    return len(words & reference_words) / len(words) if words else 0.0
+
+
+def sentences(text: str) -> list[str]:
+    """A JSON list of strings as it is, else pieces split after . ! ? and at line breaks."""
+    stripped = (text or "").strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+            if isinstance(items, list) and all(isinstance(i, str) for i in items):
+                return [i.strip() for i in items if i.strip()]
+        except ValueError:
+            pass
+    pieces = (BULLET_RE.sub("", p).strip() for p in SENTENCE_SPLIT_RE.split(stripped))
+    return [p for p in pieces if p]
+
+
+def message_text(message) -> str:
+    """The text of a chat message: string content, or the "text" of its content parts."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content
+                         if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def split_prompt(messages: list) -> tuple[str, str]:
+    """(subject, reference) following the marker rule in the module docstring."""
+    texts = [message_text(m) for m in messages]
+    last_user = max((i for i, m in enumerate(messages)
+                     if isinstance(m, dict) and m.get("role") == "user"), default=len(texts) - 1)
+    last = texts[last_user] if texts else ""
+    others = texts[:last_user] + texts[last_user + 1:]
+    marks = list(MARKER_RE.finditer(last))
+    if marks:
+        mark = marks[-1]
+        return last[mark.end():].strip(), "\n".join(others + [last[:mark.start()]])
+    return last.strip(), "\n".join(others)
+
+
+def canonical_hash(payload) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a request body."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode()).hexdigest()
+
+
+def reason_for(text: str, score: float, supported: bool) -> str:
+    found = "is supported by" if supported else "is not supported by"
+    return f"The text {found} the reference ({round(100 * score)}% of its content words appear)."
+
+
+# ---------------------------------------------------------------- schema walking
+
+class SchemaWriter:
+    """Writes a value that validates against a JSON schema, derived from the prompt (rules above)."""
+
+    def __init__(self, root: dict, subject: str, reference: str, request_hash: str):
+        self.root = root
+        self.subject = subject
+        self.reference_words = content_words(reference)
+        self.request_hash = request_hash
+
+    def resolve(self, schema: dict, depth: int) -> dict:
+        """Follow $ref (local #/$defs/... or #/definitions/...) and pick an anyOf/oneOf/allOf branch."""
+        for _ in range(32):  # a bound, so a self-referencing schema cannot loop forever
+            if not isinstance(schema, dict):
+                return {}
+            ref = schema.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/"):
+                target = self.root
+                for part in ref[2:].split("/"):
+                    target = target.get(part, {}) if isinstance(target, dict) else {}
+                schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
+                continue
+            for key in ("anyOf", "oneOf", "allOf"):
+                branches = schema.get(key)
+                if isinstance(branches, list) and branches:
+                    usable = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
+                    pick = (usable or branches)[0]
+                    schema = {**{k: v for k, v in schema.items() if k != key},
+                              **self.resolve(pick, depth)}
+                    break
+            else:
+                return schema
+        return schema
+
+    def value(self, schema: dict, name: str, text: str, depth: int = 0):
+        """A value for `schema` at field `name`, judged on `text` (the subject or one sentence)."""
+        schema = self.resolve(schema, depth)
+        score = overlap(text, self.reference_words)
+        supported = score >= 0.5
+        if "const" in schema:
+            return schema["const"]
+        if isinstance(schema.get("enum"), list) and schema["enum"]:
+            return self.enum_value(schema["enum"], name, score, supported)
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        if kind is None:
+            kind = ("object" if "properties" in schema else "array" if "items" in schema
+                    else "string")
+        if depth > 12:  # a recursive schema: stop with the smallest value of the kind
+            return {"object": {}, "array": [], "boolean": False, "null": None,
+                    "integer": 0, "number": 0.0}.get(kind, "")
+        if kind == "object":
+            props = schema.get("properties") or {}
+            return {key: self.value(sub, key, text, depth + 1) for key, sub in props.items()}
+        if kind == "array":
+            return self.array_value(schema, name, text, depth)
+        if kind == "boolean":
+            return supported
+        if kind == "null":
+            return None
+        if kind in ("integer", "number"):
+            return self.number_value(schema, kind, name, score, supported)
+        return self.string_value(schema, name, text, score, supported)
+
+    def array_value(self, schema: dict, name: str, text: str, depth: int) -> list:
+        items = sentences(text if depth else self.subject)
+        low = int(schema.get("minItems", 0))
+        high = int(schema.get("maxItems", max(low, len(items))))
+        items = items[:high]
+        while len(items) < low:  # pad with the whole text so minItems holds
+            items.append(text or "n/a")
+        item_schema = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return [self.value(item_schema, name, item, depth + 1) for item in items]
+
+    def enum_value(self, options: list, name: str, score: float, supported: bool):
+        keys = {str(o).lower(): o for o in options}
+        if set(keys) <= set(YES_NO) | {"idk"}:
+            for key, truth in YES_NO.items():
+                if key in keys and truth == supported:
+                    return keys[key]
+        if all(isinstance(o, (int, float)) and not isinstance(o, bool) for o in options):
+            ordered = sorted(options)
+            return ordered[round(score * (len(ordered) - 1))]
+        digest = hashlib.sha256(f"{self.request_hash}:{name}".encode()).digest()
+        return options[digest[0] % len(options)]
+
+    def number_value(self, schema: dict, kind: str, name: str, score: float, supported: bool):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
+        high = schema.get("maximum", schema.get("exclusiveMaximum", max(low, 1)))
+        if kind == "integer":
+            low = math.ceil(low) + (1 if low == schema.get("exclusiveMinimum") else 0)
+            high = math.floor(high) - (1 if high == schema.get("exclusiveMaximum") else 0)
+            lname = name.lower()
+            if any(v in lname for v in VERDICT_NAMES) and low <= 0 and high >= 1:
+                return 1 if supported else 0
+            return int(min(high, max(low, round(low + score * (high - low)))))
+        value = low + score * (high - low)
+        # exclusive bounds: move inside by a small step
+        span = (high - low) or 1.0
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            value = schema["exclusiveMinimum"] + span * 1e-6
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            value = schema["exclusiveMaximum"] - span * 1e-6
+        return float(value)
+
+    def string_value(self, schema: dict, name: str, text: str, score: float, supported: bool) -> str:
+        lname = name.lower()
+        if lname == "verdict":
+            out = "yes" if supported else "no"
+        elif any(n in lname for n in SENTENCE_NAMES):
+            out = text
+        else:
+            out = reason_for(text, score, supported)
+        if "maxLength" in schema:
+            out = out[:int(schema["maxLength"])]
+        if len(out) < int(schema.get("minLength", 0)):
+            out = out + "." * (int(schema["minLength"]) - len(out))
+        return out
+
+
+# ---------------------------------------------------------------- answers
+
+def chat_answer(body: dict, request_hash: str) -> tuple[str, bool]:
+    """(content, wants_json) for a valid chat request, by the rules in the module docstring."""
+    subject, reference = split_prompt(body["messages"])
+    fmt = body.get("response_format") or {}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_schema":
+        spec = fmt.get("json_schema") or {}
+        schema = spec.get("schema") or {}
+        writer = SchemaWriter(schema, subject, reference, request_hash)
+        return json.dumps(writer.value(schema, spec.get("name", ""), subject)), True
+    score = overlap(subject, content_words(reference))
+    supported = score >= 0.5
+    if kind == "json_object":
+        return json.dumps({"verdict": int(supported),
+                           "reason": reason_for(subject, score, supported)}), True
+    return f"{1 + round(4 * score)} {reason_for(subject, score, supported)}", False
+
+
+def logprobs_for(content: str, top: int) -> dict:
+    """Deterministic logprobs: chosen token p = 0.7, alternative k p = 0.3 * 2^-(k+1)."""
+    entries = []
+    for match in LOGPROB_TOKEN_RE.finditer(content):
+        token = match.group(0)
+        core = token.strip()
+        lead = token[:len(token) - len(core)]
+        if core.isdigit() and len(core) == 1:
+            alts = [lead + str(d) for d in sorted(range(10), key=lambda d: (abs(d - int(core)), d))
+                    if str(d) != core]
+        else:
+            alts = [lead + core.lower(), lead + core.upper(), " the", " a", ",", "."]
+        alts = list(dict.fromkeys(a for a in alts if a != token))
+        tops = [{"token": token, "logprob": math.log(0.7), "bytes": list(token.encode())}]
+        for k, alt in enumerate(alts[:max(0, top - 1)]):
+            tops.append({"token": alt, "logprob": math.log(0.3 * 2 ** -(k + 1)),
+                         "bytes": list(alt.encode())})
+        entries.append({"token": token, "logprob": math.log(0.7), "bytes": list(token.encode()),
+                        "top_logprobs": tops[:top]})
+    return {"content": entries}
+
+
+def embed(text: str, dim: int) -> list[float]:
+    """Words hashed into `dim` signed slots, L2-normalised; no words gives the unit vector e0."""
+    vector = [0.0] * dim
+    for word in WORD_RE.findall((text or "").lower()):
+        digest = hashlib.sha256(word.encode()).digest()
+        slot = int.from_bytes(digest[:4], "big") % dim
+        vector[slot] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector))
+    if norm == 0:
+        return [1.0] + [0.0] * (dim - 1)
+    return [v / norm for v in vector]
+
+
+def error_body(message: str, kind: str, code: str | None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+PERMANENT_ERRORS = {
+    "fail-400": (400, "Invalid request (stand-in permanent error).", "invalid_request_error",
+                 "invalid_request"),
+    "fail-401": (401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+    "fail-403": (403, "You are not allowed to use this model.", "permission_error",
+                 "model_not_permitted"),
+    "fail-404": (404, "The model does not exist.", "invalid_request_error", "model_not_found"),
+    "quota": (429, "You exceeded your current quota, please check your plan and billing details.",
+              "insufficient_quota", "insufficient_quota"),
+}
+
+
+# ---------------------------------------------------------------- server
+
+class JudgeState:
+    """Server options plus everything /stats reports; touched only from the server's event loop."""
+
+    def __init__(self, latency_ms: float = 0, rpm: int | None = None, fault_rate: float = 0.0,
+                 faults=FAULT_KINDS, seed: int = 0, timeout_fault_s: float = 30.0):
+        unknown = [f for f in faults if f not in FAULT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {','.join(FAULT_KINDS)}")
+        if not 0.0 <= fault_rate <= 1.0:
+            raise ValueError("fault rate must be within [0, 1]")
+        if fault_rate > 0 and not faults:
+            raise ValueError("a fault rate needs at least one fault kind")
+        self.latency_ms = latency_ms
+        self.rpm = rpm
+        self.fault_rate = fault_rate
+        self.faults = tuple(faults)
+        self.seed = seed
+        self.timeout_fault_s = timeout_fault_s
+        self.closing: asyncio.Event | None = None  # set on shutdown so timeout faults end early
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget stats, the rate-limit window and the fault schedule (restarts at the seed)."""
+        self.rng = random.Random(self.seed)
+        self.window: collections.deque[float] = collections.deque()
+        self.requests = 0
+        self.by_path: collections.Counter[str] = collections.Counter()
+        self.statuses: collections.Counter[str] = collections.Counter()
+        self.fault_counts: collections.Counter[str] = collections.Counter()
+        self.dropped = 0
+        self.arrivals: list[float] = []
+        self.body_hashes: collections.Counter[str] = collections.Counter()
+
+    def stats(self) -> dict:
+        return {"requests": self.requests, "by_path": dict(self.by_path),
+                "status_counts": dict(self.statuses), "dropped": self.dropped,
+                "faults": dict(self.fault_counts), "arrivals": list(self.arrivals),
+                "distinct_bodies": len(self.body_hashes),
+                "duplicate_bodies": sum(self.body_hashes.values()) - len(self.body_hashes)}
+
+    def next_fault(self) -> str | None:
+        """Two draws per request whatever happens, so the schedule depends only on arrival order."""
+        roll, pick = self.rng.random(), self.rng.random()
+        if roll < self.fault_rate:
+            return self.faults[int(pick * len(self.faults))]
+        return None
+
+    def admit(self, now: float) -> tuple[bool, float]:
+        """Sliding window: (accepted, seconds until a slot frees when refused)."""
+        while self.window and now - self.window[0] >= WINDOW_S:
+            self.window.popleft()
+        if self.rpm is not None and len(self.window) >= self.rpm:
+            return False, WINDOW_S - (now - self.window[0])
+        self.window.append(now)
+        return True, 0.0
+
+    def remaining(self) -> int:
+        return UNLIMITED if self.rpm is None else max(0, self.rpm - len(self.window))
+
+
+def _json_response(state: JudgeState, status: int, payload, headers: dict | None = None,
+                   text: str | None = None) -> web.Response:
+    heads = {"x-ratelimit-remaining-requests": str(state.remaining())}
+    if state.rpm is not None:
+        heads["x-ratelimit-limit-requests"] = str(state.rpm)
+    heads.update(headers or {})
+    state.statuses[str(status)] += 1
+    body = text if text is not None else json.dumps(payload)
+    return web.Response(status=status, text=body, content_type="application/json", headers=heads)
+
+
+def _rate_limited(state: JudgeState, wait_s: float, message: str) -> web.Response:
+    headers = {"Retry-After": str(max(1, math.ceil(wait_s))),
+               "retry-after-ms": str(max(1, round(wait_s * 1000))),
+               "x-ratelimit-reset-requests": f"{max(1, round(wait_s * 1000))}ms"}
+    return _json_response(state, 429, error_body(message, "rate_limit_exceeded",
+                                                 "rate_limit_exceeded"), headers)
+
+
+def _reset_connection(request: web.Request) -> None:
+    """Close with a TCP RST (SO_LINGER 0) so the client sees a reset, not a clean close."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
+
+
+def _validate_chat(body) -> str | None:
+    """The reason a chat request is invalid, or None."""
+    if not isinstance(body, dict):
+        return "The body must be a JSON object."
+    if not isinstance(body.get("model"), str):
+        return "'model' must be a string."
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list."
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            return "'response_format.type' must be text, json_object or json_schema."
+        if fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                return "'response_format.json_schema.schema' must be an object."
+    for key in ("n", "max_tokens", "max_completion_tokens", "top_logprobs"):
+        if key in body and body[key] is not None and (not isinstance(body[key], int)
+                                                      or body[key] < (0 if key == "top_logprobs" else 1)):
+            return f"'{key}' must be a positive integer."
+    return None
+
+
+def _validate_embeddings(body) -> str | None:
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return "'model' must be a string."
+    data = body.get("input")
+    if not (isinstance(data, str) or (isinstance(data, list) and data
+                                      and all(isinstance(t, str) for t in data))):
+        return "'input' must be a string or a non-empty list of strings."
+    dim = body.get("dimensions", EMBEDDING_DIM)
+    if not isinstance(dim, int) or not 1 <= dim <= 4096:
+        return "'dimensions' must be an integer in [1, 4096]."
+    return None
+
+
+def chat_payload(body: dict, request_hash: str, fault: str | None) -> tuple[dict | None, str | None]:
+    """(response payload, or a raw broken body for the malformed fault)."""
+    content, wants_json = chat_answer(body, request_hash)
+    finish = "stop"
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if limit is not None and count_tokens(content) > limit:
+        content, finish = cut_tokens(content, limit), "length"
+    if fault == "truncated":
+        content, finish = cut_tokens(content, count_tokens(content) // 2), "length"
+    if fault == "malformed" and wants_json:
+        content = "Sure! Here is the JSON you asked for:\n" + content[:len(content) // 2]
+    n = body.get("n") or 1
+    choice_logprobs = (logprobs_for(content, min(20, body.get("top_logprobs") or 0))
+                       if body.get("logprobs") else None)
+    choices = [{"index": i, "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": choice_logprobs, "finish_reason": finish} for i in range(n)]
+    prompt_tokens = sum(count_tokens(message_text(m)) for m in body["messages"])
+    completion_tokens = count_tokens(content) * n
+    payload = {"id": "chatcmpl-" + request_hash[:24], "object": "chat.completion", "created": 0,
+               "model": body["model"], "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices,
+               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens,
+                         "prompt_tokens_details": {"cached_tokens": 0},
+                         "completion_tokens_details": {"reasoning_tokens": 0}}}
+    if fault == "malformed" and not wants_json:
+        text = json.dumps(payload)
+        return None, text[:len(text) // 2]
+    return payload, None
+
+
+def embeddings_payload(body: dict, fault: str | None) -> tuple[dict | None, str | None]:
+    texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+    dim = body.get("dimensions", EMBEDDING_DIM)
+    tokens = sum(count_tokens(t) for t in texts)
+    payload = {"object": "list", "model": body["model"],
+               "data": [{"object": "embedding", "index": i, "embedding": embed(t, dim)}
+                        for i, t in enumerate(texts)],
+               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    if fault == "malformed":
+        text = json.dumps(payload)
+        return None, text[:len(text) // 2]
+    return payload, None
+
+
+async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """One API request: stats, rate limit, fault, latency, permanent errors, then the answer."""
+    state: JudgeState = request.app[STATE]
+    raw = await request.read()
+    state.requests += 1
+    state.by_path[request.path] += 1
+    state.arrivals.append(time.monotonic())
+    try:
+        body = json.loads(raw)
+        state.body_hashes[canonical_hash(body)] += 1
+    except ValueError:
+        body = None
+        state.body_hashes[hashlib.sha256(raw).hexdigest()] += 1
+
+    fault = state.next_fault()  # drawn before the rate limit so the schedule is by arrival only
+    accepted, wait_s = state.admit(time.monotonic())
+    if not accepted:
+        return _rate_limited(state, wait_s, f"Rate limit reached: {state.rpm} requests per minute.")
+    if fault:
+        state.fault_counts[fault] += 1
+    if fault == "reset":
+        state.dropped += 1
+        _reset_connection(request)
+        # aiohttp cannot write to an aborted transport; this response is never sent
+        return web.Response(status=499)
+    if fault == "timeout":
+        try:
+            await asyncio.wait_for(state.closing.wait(), state.timeout_fault_s)
+        except asyncio.TimeoutError:
+            pass
+    if state.latency_ms:
+        await asyncio.sleep(state.latency_ms / 1000)
+    if fault == "429":
+        return _rate_limited(state, FAULT_RETRY_AFTER_MS / 1000, "Rate limit reached (injected).")
+    if fault in ("500", "503"):
+        status = int(fault)
+        kind = "server_error" if status == 500 else "service_unavailable"
+        return _json_response(state, status, error_body(f"Injected {status}.", kind, kind))
+
+    problem = _validate_chat(body) if endpoint == "chat" else _validate_embeddings(body)
+    if problem:
+        return _json_response(state, 400, error_body(problem, "invalid_request_error",
+                                                     "invalid_request"), {"x-should-retry": "false"})
+    if body["model"] in PERMANENT_ERRORS:
+        status, message, kind, code = PERMANENT_ERRORS[body["model"]]
+        return _json_response(state, status, error_body(message, kind, code),
+                              {"x-should-retry": "false"})
+    request_hash = canonical_hash(body)
+    if endpoint == "chat":
+        payload, broken = chat_payload(body, request_hash, fault)
+    else:
+        payload, broken = embeddings_payload(body, fault)
+    return _json_response(state, 200, payload, {"x-request-id": "req-" + request_hash[:16]},
+                          text=broken)
+
+
+async def _chat(request):
+    return await _api(request, "chat")
+
+
+async def _embeddings(request):
+    return await _api(request, "embeddings")
+
+
+async def _stats(request):
+    return web.json_response(request.app[STATE].stats())
+
+
+async def _stats_reset(request):
+    request.app[STATE].reset()
+    return web.json_response({"reset": True})
+
+
+def build_app(state: JudgeState) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/chat/completions", _chat)  # clients configured without the /v1 prefix
+    app.router.add_post("/v1/embeddings", _embeddings)
+    app.router.add_post("/embeddings", _embeddings)
+    app.router.add_get("/stats", _stats)
+    app.router.add_post("/stats/reset", _stats_reset)
+    return app
+
+
+async def _start(state: JudgeState, host: str, port: int, access_log) -> tuple[web.AppRunner, int]:
+    state.closing = asyncio.Event()
+    # a short shutdown timeout: pending timeout faults are woken by `closing` anyway
+    runner = web.AppRunner(build_app(state), access_log=access_log, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+class StandInServer:
+    """The judge server on 127.0.0.1 (loopback only) in a background thread with its own loop.
+
+        with StandInServer(rpm=30) as server:
+            url = server.url          # "http://127.0.0.1:PORT/v1"
+            ...
+            server.stats()            # the /stats dict
+    """
+
+    def __init__(self, port: int = 0, latency_ms: float = 0, rpm: int | None = None,
+                 fault_rate: float = 0.0, faults=FAULT_KINDS, seed: int = 0,
+                 timeout_fault_s: float = 30.0):
+        self.state = JudgeState(latency_ms, rpm, fault_rate, faults, seed, timeout_fault_s)
+        self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.base + "/v1"
+
+    def start(self) -> StandInServer:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve():
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._runner, self.port = self._loop.run_until_complete(
+                    _start(self.state, "127.0.0.1", self.port, None))
+            except BaseException as exc:  # reported to start(), which raises it
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=serve, name="judge-server", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if failure:
+            raise failure[0]
+        return self
+
+    def _call(self, fn):
+        """Run `fn` on the server loop and return its result (stats must not race the handlers)."""
+        done = threading.Event()
+        box = []
+        self._loop.call_soon_threadsafe(lambda: (box.append(fn()), done.set()))
+        done.wait(10)
+        return box[0]
+
+    def stats(self) -> dict:
+        return self._call(self.state.stats)
+
+    def reset_stats(self) -> None:
+        self._call(self.state.reset)
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        loop = self._loop
+        loop.call_soon_threadsafe(self.state.closing.set)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(15)
+        self._thread = None
+
+    def __enter__(self) -> StandInServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------- CLI
+
+def parse_faults(text: str) -> tuple[str, ...]:
+    faults = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in faults if f not in FAULT_KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fault kinds {unknown}; known: {','.join(FAULT_KINDS)}")
+    return faults
+
+
+def parse_rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be within [0, 1]")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evalbeam judge-server", allow_abbrev=False,
+        description="A deterministic stand-in for an OpenAI-compatible LLM judge "
+                    "(/v1/chat/completions, /v1/embeddings, /stats).")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before every answer")
+    parser.add_argument("--rpm", type=int, default=None,
+                        help="requests per sliding 60 s window before answering 429")
+    parser.add_argument("--fault-rate", type=parse_rate, default=0.0,
+                        help="share of API requests that get a fault (0..1)")
+    parser.add_argument("--faults", type=parse_faults, default=FAULT_KINDS,
+                        help=f"fault kinds to choose among (default {','.join(FAULT_KINDS)})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
+    parser.add_argument("--timeout-fault-s", type=float, default=30.0,
+                        help="how long a timeout fault waits before answering (default 30)")
+    return parser
+
+
+def state_from_args(args: argparse.Namespace) -> JudgeState:
+    return JudgeState(args.latency_ms, args.rpm, args.fault_rate, args.faults, args.seed,
+                      args.timeout_fault_s)
+
+
+async def _serve_forever(state: JudgeState, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    try:  # SIGTERM ends the server as cleanly as Ctrl-C (not available on every platform)
+        import signal
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+    runner, bound = await _start(state, host, port, None)
+    # printed once listening (and after the handler), so a supervisor can wait for this line
+    print(f"judge-server listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        state.closing.set()
+        await runner.cleanup()
+
+
+def run(argv: list[str]) -> int:
+    """Serve until interrupted (Ctrl-C or SIGTERM); returns the exit code (2 on bad options)."""
+    args = build_parser().parse_args(argv)
+    try:
+        state = state_from_args(args)
+    except ValueError as exc:
+        print(f"evalbeam judge-server: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve_forever(state, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""JudgeCalls on the DirectRunner against the stand-in server (loopback, started by the test):
+every request ends ok despite transient faults, a rerun sends nothing, both runner modes agree,
+the key never reaches the journal or the results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import MULTIPROCESS
+from pipelines.common import local_pipeline
+from pipelines.judge_server import StandInServer
+from transforms.judge.requests import JudgeRequest, request_hash
+from transforms.judge.transform import JudgeCalls, JudgeSettings
+
+KEY = "sk-test-" + "Zq9" * 10
+SCHEMA = {"type": "object", "properties": {"verdict": {"type": "integer", "enum": [0, 1]},
+                                           "reason": {"type": "string"}},
+          "required": ["verdict", "reason"], "additionalProperties": False}
+
+
+def requests(n: int) -> list[JudgeRequest]:
+    out = []
+    for i in range(n):
+        messages = (("system", "You judge statements."),
+                    ("user", f"Context: the sky over city {i % 37} is blue today.\n"
+                             f"Statement: the sky over city {i % 37} is {'blue' if i % 3 else 'green'}."))
+        out.append(JudgeRequest(model="judge-1", messages=messages, response_schema=SCHEMA,
+                                template="test_verdict", template_version="1"))
+    return out
+
+
+def run_calls(reqs, settings, journal, extra=()):
+    """[[hash, status, content, cached]] sorted, through a file (the pipeline's functions run on
+    pickled copies, maybe in other processes)."""
+    import os
+    import tempfile
+
+    import apache_beam as beam
+
+    from transforms.io import write_jsonl
+
+    out_path = os.path.join(tempfile.mkdtemp(), "results.jsonl")
+    with local_pipeline(list(extra)) as p:
+        out = p | beam.Create(reqs) | JudgeCalls(settings, journal)
+        _ = (out | beam.Map(lambda kv: {"r": [kv[0], kv[1]["status"], kv[1]["content"], kv[1]["cached"]]})
+             | beam.combiners.ToList() | beam.Map(write_jsonl, out_path))
+    with open(out_path, encoding="utf-8") as f:
+        return sorted(json.loads(line)["r"] for line in f)
+
+
+@pytest.fixture
+def key_env(monkeypatch):
+    monkeypatch.setenv("EVALBEAM_TEST_JUDGE_KEY", KEY)
+    return "EVALBEAM_TEST_JUDGE_KEY"
+
+
+def test_faults_recovered_rerun_free_and_no_key_anywhere(tmp_path, key_env):
+    reqs = requests(240)                      # 111 distinct requests (37 cities x 3 variants)
+    distinct = {request_hash(r) for r in reqs}
+    journal = str(tmp_path / "journal")
+    with StandInServer(fault_rate=0.3, faults=("429", "500", "503", "reset"), seed=3) as server:
+        settings = JudgeSettings(url=server.url, api_key_env=key_env, rpm=60_000, concurrency=8,
+                                 timeout_s=5, deadline_s=60, max_attempts=8, batches=4)
+        first = run_calls(reqs, settings, journal)
+        sent = server.stats()["requests"]
+        assert [r[1] for r in first] == ["ok"] * len(distinct)
+        assert {r[0] for r in first} == distinct and not any(r[3] for r in first)
+        assert sent >= len(distinct)                           # faults cost extra attempts
+        second = run_calls(reqs, settings, journal, MULTIPROCESS)
+        assert server.stats()["requests"] == sent              # nothing sent twice
+        assert [r[:3] for r in second] == [r[:3] for r in first] and all(r[3] for r in second)
+    for path in (tmp_path / "journal").iterdir():
+        assert KEY not in path.read_text()
+
+
+def test_permanent_errors_fail_fast(tmp_path, key_env):
+    bad = [JudgeRequest(model="fail-401", messages=(("user", "x"),)),
+           JudgeRequest(model="quota", messages=(("user", "y"),))]
+    with StandInServer() as server:
+        settings = JudgeSettings(url=server.url, api_key_env=key_env, rpm=6000, batches=1)
+        results = run_calls(bad, settings, str(tmp_path / "j"))
+        assert server.stats()["requests"] == 2
+    assert sorted(r[1] for r in results) == ["http_error", "quota_exceeded"]

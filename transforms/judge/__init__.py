@@ -1,0 +1,1 @@
+"""Async LLM-judge client: requests and responses, rate limits, and an OpenAI-compatible client (no Beam)."""
