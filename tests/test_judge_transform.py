@@ -83,3 +83,72 @@ def test_permanent_errors_fail_fast(tmp_path, key_env):
         results = run_calls(bad, settings, str(tmp_path / "j"))
         assert server.stats()["requests"] == 2
     assert sorted(r[1] for r in results) == ["http_error", "quota_exceeded"]
+
+
+def distinct_requests(n: int) -> list[JudgeRequest]:
+    return [JudgeRequest(model="judge-1", messages=(("user", f"Context: item {i} is red.\nStatement: item {i} is red."),),
+                         response_schema=SCHEMA, template="t", template_version="1") for i in range(n)]
+
+
+def run_with_stats(reqs, settings, journal):
+    """(sorted [[hash, status, cached]], stats dict) through files."""
+    import os
+    import tempfile
+
+    import apache_beam as beam
+
+    from transforms.io import write_json, write_jsonl
+
+    folder = tempfile.mkdtemp()
+    with local_pipeline() as p:
+        records, stats = p | beam.Create(reqs) | JudgeCalls(settings, journal, with_stats=True)
+        _ = (records | beam.Map(lambda kv: {"r": [kv[0], kv[1]["status"], kv[1]["cached"]]})
+             | "L" >> beam.combiners.ToList() | beam.Map(write_jsonl, os.path.join(folder, "r.jsonl")))
+        _ = stats | beam.Map(write_json, os.path.join(folder, "stats.json"))
+    with open(os.path.join(folder, "r.jsonl"), encoding="utf-8") as f:
+        rows = sorted(json.loads(line)["r"] for line in f)
+    with open(os.path.join(folder, "stats.json"), encoding="utf-8") as f:
+        return rows, json.load(f)
+
+
+def test_2000_requests_at_30_percent_faults_within_the_rate_limit(tmp_path, key_env):
+    """Every request ends ok; no 5-second window at the server above the limit + 5%; a second
+    run sends nothing. (Injected 429s are left to the smaller test above: each pauses the whole
+    client for the server's retry-after-ms, as a real rate limit must, which would make this one
+    slow; the client's own tests cover the pause.)"""
+    rpm = 24_000
+    reqs = distinct_requests(2000)
+    journal = str(tmp_path / "journal")
+    with StandInServer(fault_rate=0.3, faults=("500", "503", "reset"), seed=5) as server:
+        settings = JudgeSettings(url=server.url, api_key_env=key_env, rpm=rpm, concurrency=16,
+                                 timeout_s=5, deadline_s=120, max_attempts=10, batches=8)
+        rows, stats = run_with_stats(reqs, settings, journal)
+        seen = server.stats()
+        assert [r[1] for r in rows] == ["ok"] * 2000
+        assert stats["sent"] == 2000 and stats["status:ok"] == 2000 and stats.get("cached", 0) == 0
+        times = sorted(seen["arrivals"])
+        window, allowed = 5.0, rpm / 12 * 1.05
+        j = 0
+        for i, t in enumerate(times):
+            while times[j] < t - window:
+                j += 1
+            assert i - j + 1 <= allowed, (i - j + 1, allowed)
+        again, stats2 = run_with_stats(reqs, settings, journal)
+        assert server.stats()["requests"] == seen["requests"]
+        assert stats2["cached"] == 2000 and stats2.get("sent", 0) == 0
+
+
+def test_dry_run_and_budgets(tmp_path, key_env):
+    reqs = distinct_requests(20)
+    with StandInServer() as server:
+        dry = JudgeSettings(url=server.url, api_key_env=key_env, dry_run=True, price_prompt_1k=2.0,
+                            price_completion_1k=4.0, batches=2)
+        rows, stats = run_with_stats(reqs, dry, str(tmp_path / "j1"))
+        assert server.stats()["requests"] == 0
+        assert {r[1] for r in rows} == {"dry_run"} and stats["status:dry_run"] == 20
+        assert stats["cost"] == pytest.approx((stats["prompt_tokens"] * 2 + stats["completion_tokens"] * 4) / 1000)
+        capped = JudgeSettings(url=server.url, api_key_env=key_env, max_calls=7, batches=1)
+        rows, stats = run_with_stats(reqs, capped, str(tmp_path / "j2"))
+        assert server.stats()["requests"] == 7
+        assert sorted(r[1] for r in rows) == ["not_sent"] * 13 + ["ok"] * 7
+        assert stats["status:not_sent"] == 13 and stats["sent"] == 7

@@ -36,6 +36,14 @@ class JudgeSettings:
     max_attempts: int = 6
     workers: int = 1
     batches: int = 16
+    max_calls: int | None = None            # requests sent at most (all workers together)
+    max_cost: float | None = None           # estimated cost at most, in the prices' currency
+    price_prompt_1k: float = 0.0            # price of 1,000 prompt tokens
+    price_completion_1k: float = 0.0        # price of 1,000 completion tokens
+    dry_run: bool = False                   # count calls, tokens and cost; send nothing
+
+    def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
+        return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0
 
 
 def response_record(response, request, settings: JudgeSettings) -> dict:
@@ -48,8 +56,19 @@ def response_record(response, request, settings: JudgeSettings) -> dict:
     return record
 
 
+TAG_JUDGE_STATS = "judge_stats"
+NOT_SENT = "not_sent"      # a budget was reached before this request was sent
+DRY_RUN = "dry_run"        # --judge_dry_run: counted, not sent
+
+
 class CallJudge(beam.DoFn):
-    """(batch key, [(hash, request)]) -> (hash, record): journal hits as they are, misses sent."""
+    """(batch key, [(hash, request)]) -> (hash, record): journal hits as they are, misses sent
+    within the budget. TAG_JUDGE_STATS: (counter, value) pairs to add up: "requests", "cached",
+    "sent", "status:<status>", "prompt_tokens", "completion_tokens", "cost", "send_seconds".
+
+    Budgets are per worker shares of the user's totals (max_calls / workers, max_cost / workers),
+    spent in hash order within a batch; requests past the share come back as NOT_SENT. The dry run
+    estimates tokens as the client does before sending (limits.estimate_tokens) and prices them."""
 
     def __init__(self, settings: JudgeSettings, journal_root: str):
         self.settings = settings
@@ -59,26 +78,64 @@ class CallJudge(beam.DoFn):
         self.loop = asyncio.new_event_loop()
         self.known = read_journal(self.journal_root)
         self.writer = JournalWriter(self.journal_root)
+        self.calls_left = (None if self.settings.max_calls is None
+                           else self.settings.max_calls / max(1, self.settings.workers))
+        self.cost_left = (None if self.settings.max_cost is None
+                          else self.settings.max_cost / max(1, self.settings.workers))
+
+    def _stat(self, name, value):
+        return beam.pvalue.TaggedOutput(TAG_JUDGE_STATS, (name, value))
+
+    def _unsent(self, h, request, status, prompt=0, completion=0):
+        record = {"hash": h, "status": status, "content": None, "cached": False,
+                  "estimated_prompt_tokens": prompt, "estimated_completion_tokens": completion}
+        return h, record
 
     def process(self, element):
 
+        from transforms.judge.limits import estimate_tokens
+
         _, items = element
+        s = self.settings
         todo = []
         for h, request in sorted(items, key=lambda item: item[0]):
+            yield self._stat("requests", 1)
             if h in self.known:
+                yield self._stat("cached", 1)
                 yield h, dict(self.known[h], cached=True)
+                continue
+            total = estimate_tokens(request.messages, request.max_tokens)
+            completion = request.max_tokens if request.max_tokens is not None else total - estimate_tokens(request.messages, 0)
+            prompt = total - completion
+            if s.dry_run:
+                yield self._stat(f"status:{DRY_RUN}", 1)
+                yield self._stat("prompt_tokens", prompt)
+                yield self._stat("completion_tokens", completion)
+                yield self._stat("cost", s.cost(prompt, completion))
+                yield self._unsent(h, request, DRY_RUN, prompt, completion)
+            elif ((self.calls_left is not None and self.calls_left < 1)
+                  or (self.cost_left is not None and self.cost_left < s.cost(prompt, completion))):
+                yield self._stat(f"status:{NOT_SENT}", 1)
+                yield self._unsent(h, request, NOT_SENT, prompt, completion)
             else:
-                todo.append((h, request))
+                if self.calls_left is not None:
+                    self.calls_left -= 1
+                if self.cost_left is not None:   # reserve the estimate; settled from usage below
+                    self.cost_left -= s.cost(prompt, completion)
+                todo.append((h, request, s.cost(prompt, completion)))
         if todo:
             yield from self._send(todo)
 
     def _send(self, todo):
         from transforms.judge.client import JudgeClient
 
+        import time
+
         s = self.settings
         api_key = os.environ.get(s.api_key_env, "")
         workers = max(1, s.workers)
-        by_hash = dict(todo)
+        by_hash = {h: request for h, request, _ in todo}
+        reserved = {h: cost for h, _, cost in todo}
 
         def journal(response):
             record = response_record(response, by_hash[response.hash], s)
@@ -93,11 +150,23 @@ class CallJudge(beam.DoFn):
                                    concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
                                    deadline_s=s.deadline_s, max_attempts=s.max_attempts,
                                    on_response=journal) as client:
-                return await client.run([request for _, request in todo])
+                return await client.run([request for _, request, _ in todo])
 
+        started = time.monotonic()
         responses = self.loop.run_until_complete(call())
+        yield self._stat("send_seconds", time.monotonic() - started)
         self.writer.flush()
-        for (h, request), response in zip(todo, responses):
+        for (h, request, _), response in zip(todo, responses):
+            usage = response.usage or {}
+            prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            cost = s.cost(prompt, completion)
+            if self.cost_left is not None:
+                self.cost_left += reserved[h] - cost
+            yield self._stat("sent", 1)
+            yield self._stat(f"status:{response.status}", 1)
+            yield self._stat("prompt_tokens", prompt)
+            yield self._stat("completion_tokens", completion)
+            yield self._stat("cost", cost)
             yield h, dict(response_record(response, request, s), cached=False)
 
     def finish_bundle(self):
@@ -110,20 +179,29 @@ class CallJudge(beam.DoFn):
 
 class JudgeCalls(beam.PTransform):
     """PCollection of JudgeRequest -> PCollection of (request hash, response record) with one
-    element per distinct request (see the module docstring)."""
+    element per distinct request (see the module docstring). with_stats=True returns (records,
+    stats) where stats is a PCollection of {counter: total} (one dict, counters summed)."""
 
-    def __init__(self, settings: JudgeSettings, journal_root: str):
+    def __init__(self, settings: JudgeSettings, journal_root: str, with_stats: bool = False):
         super().__init__()
         self.settings = settings
         self.journal_root = journal_root
+        self.with_stats = with_stats
 
     def expand(self, requests):
         from transforms.judge.requests import request_hash
 
         batches = self.settings.batches
-        return (requests
+        results = (requests
                 | "Key" >> beam.Map(lambda r: (request_hash(r), r))
                 | "OnePerHash" >> beam.CombinePerKey(lambda rs: next(iter(rs)))
                 | "Batch" >> beam.Map(lambda kv: (int(kv[0][:8], 16) % batches, kv))
                 | "GroupBatches" >> beam.GroupByKey()
-                | "Call" >> beam.ParDo(CallJudge(self.settings, self.journal_root)))
+                | "Call" >> beam.ParDo(CallJudge(self.settings, self.journal_root))
+                .with_outputs(TAG_JUDGE_STATS, main="records"))
+        if not self.with_stats:
+            return results.records
+        stats = (results[TAG_JUDGE_STATS]
+                 | "SumStats" >> beam.CombinePerKey(sum)
+                 | "StatsDict" >> beam.combiners.ToDict())
+        return results.records, stats
