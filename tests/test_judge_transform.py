@@ -121,7 +121,7 @@ def test_2000_requests_at_30_percent_faults_within_the_rate_limit(tmp_path, key_
     journal = str(tmp_path / "journal")
     with StandInServer(fault_rate=0.3, faults=("500", "503", "reset"), seed=5) as server:
         settings = JudgeSettings(url=server.url, api_key_env=key_env, rpm=rpm, concurrency=16,
-                                 timeout_s=5, deadline_s=120, max_attempts=10, batches=8)
+                                 timeout_s=5, deadline_s=120, max_attempts=10, batches=2)
         rows, stats = run_with_stats(reqs, settings, journal)
         seen = server.stats()
         assert [r[1] for r in rows] == ["ok"] * 2000

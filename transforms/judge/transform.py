@@ -35,7 +35,10 @@ class JudgeSettings:
     deadline_s: float = 300.0
     max_attempts: int = 6
     workers: int = 1
-    batches: int = 16
+    # Requests are sent in batches, one client.run per batch, and a worker runs its batches one
+    # after another, each lasting as long as its slowest retry chain (exponential backoff): a few
+    # large batches keep a run short. None: 2 per worker.
+    batches: int | None = None
     max_calls: int | None = None            # requests sent at most (all workers together)
     max_cost: float | None = None           # estimated cost at most, in the prices' currency
     price_prompt_1k: float = 0.0            # price of 1,000 prompt tokens
@@ -191,7 +194,7 @@ class JudgeCalls(beam.PTransform):
     def expand(self, requests):
         from transforms.judge.requests import request_hash
 
-        batches = self.settings.batches
+        batches = self.settings.batches or 2 * max(1, self.settings.workers)
         results = (requests
                 | "Key" >> beam.Map(lambda r: (request_hash(r), r))
                 | "OnePerHash" >> beam.CombinePerKey(lambda rs: next(iter(rs)))
