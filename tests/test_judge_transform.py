@@ -152,3 +152,45 @@ def test_dry_run_and_budgets(tmp_path, key_env):
         assert server.stats()["requests"] == 7
         assert sorted(r[1] for r in rows) == ["not_sent"] * 13 + ["ok"] * 7
         assert stats["status:not_sent"] == 13 and stats["sent"] == 7
+
+
+def test_a_killed_run_restarted_sends_only_what_the_journal_lacks(tmp_path, key_env):
+    """A pipeline killed halfway, then run again: the server receives exactly the requests whose
+    responses did not reach the journal (each once), and every request ends ok."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from transforms.judge.journal import read_journal
+
+    n = 400
+    journal = str(tmp_path / "journal")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with StandInServer(latency_ms=40) as server:
+        script = (f"import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                  "import apache_beam as beam\n"
+                  "from pipelines.common import local_pipeline\n"
+                  "from transforms.judge.transform import JudgeCalls, JudgeSettings\n"
+                  "from test_judge_transform import distinct_requests\n"
+                  f"settings = JudgeSettings(url={server.url!r}, api_key_env={key_env!r}, rpm=6000, concurrency=8, batches=1)\n"
+                  f"with local_pipeline() as p:\n"
+                  f"    _ = p | beam.Create(distinct_requests({n})) | JudgeCalls(settings, {journal!r})\n")
+        child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while server.stats()["requests"] < n // 2 and time.time() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        child.kill()
+        child.wait()
+        time.sleep(0.5)
+        before = server.stats()["requests"]
+        kept = len(read_journal(journal))
+        assert 0 < before < n and kept <= before       # killed halfway; some responses journaled
+        rows, stats = run_with_stats(distinct_requests(n), JudgeSettings(
+            url=server.url, api_key_env=key_env, rpm=6000, concurrency=8), journal)
+        after = server.stats()
+    assert [r[1] for r in rows] == ["ok"] * n
+    assert after["requests"] - before == n - kept == stats["sent"]
+    assert stats["cached"] == kept
+    assert after["duplicate_bodies"] == before - kept   # only the sent-but-unjournaled ones twice
