@@ -19,7 +19,8 @@ Slow-down (`pause`, `observe_headers`): the limiter is paused (nothing is grante
 - on a 429 that is a rate limit: for Retry-After when the server sent one, else the backoff delay;
 - when `x-ratelimit-remaining-requests` (or `-tokens`) is low, i.e. <= max(1, 5 % of the
   matching `x-ratelimit-limit-*`) (<= 1 when the limit header is absent): for the matching
-  `x-ratelimit-reset-*` duration ("12ms", "1s", "6m0s"), 1 s when absent, capped at W.
+  `x-ratelimit-reset-*` duration ("12ms", "1s", "6m0s"), one request interval W / rpm when
+  absent, capped at W.
   Negative values (Azure sends -1) and unparsable values are ignored.
 Pauses only extend (a shorter pause never shortens a longer one).
 
@@ -37,7 +38,6 @@ import typing
 DEFAULT_COMPLETION_TOKENS = 256
 CHARS_PER_TOKEN = 4
 LOW_REMAINING_FRACTION = 0.05
-DEFAULT_RESET_S = 1.0
 
 
 def default_burst(limit: int) -> int:
@@ -163,7 +163,11 @@ class RateLimiter:
             low = max(1.0, LOW_REMAINING_FRACTION * limit) if limit is not None and limit > 0 else 1.0
             if remaining <= low:
                 reset = parse_reset_duration(headers.get(f"x-ratelimit-reset-{kind}"))
-                seconds = min(DEFAULT_RESET_S if reset is None or reset < 0 else reset, self.window_s)
+                # No reset hint: wait one request interval of our own limit (W / rpm). A fixed
+                # second here cost 5% of the rate against a server that is kept exactly at its
+                # limit (its remaining count then touches 0-1 regularly).
+                interval = self.window_s / self.requests.limit
+                seconds = min(interval if reset is None or reset < 0 else reset, self.window_s)
                 self.pause(seconds)
                 paused = max(paused, seconds)
         return paused
