@@ -23,7 +23,7 @@ from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
 from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows,
-                           tagged_batches)
+                           read_pcollections)
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
                                           BinnedState, CocoState, DetailedState,
                                           ValorBinnedState, accumulate,
@@ -844,15 +844,10 @@ class EvaluateDetection(beam.PTransform):
         self.with_diagnostics = with_diagnostics
 
     def expand(self, pcolls):
-        if GROUNDTRUTHS not in pcolls:
-            raise ValueError(f"EvaluateDetection needs a {GROUNDTRUTHS!r} PCollection")
-        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
-        read = (batches
-                | "Batches" >> beam.Flatten()
-                | "Rows" >> beam.ParDo(DetectionRowsFromDicts(slice_keys, self.num_shards, self.iou_type))
-                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
+        reader = DetectionRowsFromDicts(slice_keys, self.num_shards, self.iou_type)
+        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES),
+                                         "EvaluateDetection")
         categories = beam.pvalue.AsSingleton(
             read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
         metrics, rejected, stats = _evaluate(read, categories, models, self.slices, self.iou_type,

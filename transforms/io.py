@@ -311,6 +311,19 @@ def tagged_batches(pcolls: dict, names: list[str], batch_size: int) -> list:
             for name in names]
 
 
+def read_pcollections(pcolls: dict, batch_size: int, reader: beam.DoFn, tags: tuple, what: str):
+    """(model names, read) for a task's PTransform on a user's PCollections of row dicts: the
+    batches of every source through `reader` (a DoFn of (source, [row, ...]) like the file
+    readers), main output "pieces" plus the tagged outputs."""
+    if "groundtruths" not in pcolls:
+        raise ValueError(f"{what} needs a 'groundtruths' PCollection")
+    models = sorted(name for name in pcolls if name != "groundtruths")
+    read = (tagged_batches(pcolls, ["groundtruths"] + models, batch_size)
+            | "Batches" >> beam.Flatten()
+            | "Rows" >> beam.ParDo(reader).with_outputs(*tags, main="pieces"))
+    return models, read
+
+
 class WriteJsonl(beam.PTransform):
     """Write all elements (dicts) to one JSONL file, sorted by sort_key: small outputs only."""
 

@@ -21,7 +21,7 @@ from schemas.rows import canonical_json, reject
 from schemas.formats import position_name
 from schemas.segmentation_rows import SegmentRow, segment_rows
 from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, parse_rows,
-                           tagged_batches, unique_rows)
+                           read_pcollections, unique_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
@@ -403,15 +403,10 @@ class EvaluateSegmentation(beam.PTransform):
         self.with_diagnostics = with_diagnostics
 
     def expand(self, pcolls):
-        if GROUNDTRUTHS not in pcolls:
-            raise ValueError(f"EvaluateSegmentation needs a {GROUNDTRUTHS!r} PCollection")
-        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
-        read = (batches
-                | "Batches" >> beam.Flatten()
-                | "Rows" >> beam.ParDo(SegmentationRowsFromDicts(slice_keys, self.num_shards))
-                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_LABELS, main="pieces"))
+        reader = SegmentationRowsFromDicts(slice_keys, self.num_shards)
+        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_LABELS),
+                                         "EvaluateSegmentation")
         pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
         metrics, rejected, stats = _evaluate(pbegin, read, models, self.slices, self.label_names,
                                              self.ignore_id, self.unlabeled_id, {}, True, 0.0)

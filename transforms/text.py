@@ -19,7 +19,7 @@ from schemas.formats import position_name
 from schemas.rows import canonical_json, reject
 from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
-                           merge_sorted_parts, parse_rows, tagged_batches, unique_rows)
+                           merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.text_scores import TextConfig, TextState, score_datum
 
@@ -239,15 +239,10 @@ class EvaluateText(beam.PTransform):
         self.with_diagnostics = with_diagnostics
 
     def expand(self, pcolls):
-        if GROUNDTRUTHS not in pcolls:
-            raise ValueError(f"EvaluateText needs a {GROUNDTRUTHS!r} PCollection")
-        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        batches = tagged_batches(pcolls, [GROUNDTRUTHS] + models, self.batch_size)
-        read = (batches
-                | "Batches" >> beam.Flatten()
-                | "Rows" >> beam.ParDo(TextRowsFromDicts(slice_keys, self.num_shards, self.config))
-                .with_outputs(TAG_REJECTED, TAG_STATS, main="pieces"))
+        reader = TextRowsFromDicts(slice_keys, self.num_shards, self.config)
+        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
+                                         "EvaluateText")
         metrics, scores, rejected, stats = _evaluate(read, models, self.slices, self.config, {}, None,
                                                      True, 0.0)
         return (metrics, scores, rejected, stats) if self.with_diagnostics else metrics
