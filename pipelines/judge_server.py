@@ -34,7 +34,11 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
   for numbers, or by a hash of the request and field for strings; `$ref` into `#/$defs` or
   `#/definitions`, `anyOf`/`oneOf` (first non-null branch), `allOf` (first branch) and `const` work.
 * json_object without a schema: {"verdict": 1|0, "reason": "..."} for the whole subject.
-* Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first).
+* Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first); but when
+  the last user message ends with "Reply with only one of these numbers: a, b, c." (evalbeam's
+  rating templates) the answer is only the number at round(overlap * (k - 1)) of that list.
+* Tests running the server in-process may pass answer(body) -> content or None: a content it
+  returns is the answer (faults, max_tokens and logprobs still apply); None falls back to the rules.
 * max_tokens: content longer than that is cut to max_tokens tokens and finish_reason is "length".
 * logprobs: one entry per token (leading whitespace kept with the token); the chosen token has
   p = 0.7, alternatives p = 0.3 * 2^-(k+1); digit tokens get neighbouring digits as alternatives.
@@ -43,7 +47,7 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
 
 Faults (`--fault-rate F`, kinds from `--faults`, a seeded RNG drawing two numbers per arriving API
 request, so the schedule depends only on the seed and the arrival order): 429 (rate-limit body with
-Retry-After), 500, 503, timeout (waits `timeout_fault_s`, default 30 s, then answers normally),
+Retry-After of `fault_retry_after_ms`, default 200), 500, 503, timeout (waits `timeout_fault_s`, default 30 s, then answers normally),
 reset (TCP reset, no response), malformed (200 with a body cut in half, or, when JSON content was
 asked, message content that is not JSON), truncated (200, finish_reason "length", content cut to half
 its tokens). Faults apply to both POST endpoints; /stats is never faulted or rate limited.
@@ -82,7 +86,7 @@ PERMANENT_MODELS = ("fail-400", "fail-401", "fail-403", "fail-404", "quota")
 UNLIMITED = 1_000_000  # what x-ratelimit-remaining-requests says when there is no --rpm
 WINDOW_S = 60.0
 STATE = web.AppKey("state", object)
-FAULT_RETRY_AFTER_MS = 200  # short, so clients under test do not sleep long on a 429 fault
+FAULT_RETRY_AFTER_MS = 200  # default delay of an injected 429: short, so clients under test do not sleep long
 EMBEDDING_DIM = 64
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -308,11 +312,20 @@ class SchemaWriter:
 
 # ---------------------------------------------------------------- answers
 
-def chat_answer(body: dict, request_hash: str) -> tuple[str, bool]:
-    """(content, wants_json) for a valid chat request, by the rules in the module docstring."""
-    subject, reference = split_prompt(body["messages"])
+def chat_answer(body: dict, request_hash: str, answer=None) -> tuple[str, bool]:
+    """(content, wants_json) for a valid chat request, by the rules in the module docstring;
+    answer(body) -> str or None, when given, answers first (tests choose verdicts with it)."""
     fmt = body.get("response_format") or {}
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if answer is not None:
+        chosen = answer(body)
+        if chosen is not None:
+            return chosen, kind in ("json_schema", "json_object")
+    subject, reference = split_prompt(body["messages"])
+    numbers = _allowed_numbers(body["messages"])
+    if numbers and kind is None:
+        score = overlap(subject, content_words(reference))
+        return str(numbers[round(score * (len(numbers) - 1))]), False
     if kind == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema") or {}
@@ -324,6 +337,17 @@ def chat_answer(body: dict, request_hash: str) -> tuple[str, bool]:
         return json.dumps({"verdict": int(supported),
                            "reason": reason_for(subject, score, supported)}), True
     return f"{1 + round(4 * score)} {reason_for(subject, score, supported)}", False
+
+
+NUMBERS_RE = re.compile(r"Reply with only one of these numbers: (\d+(?:, \d+)*)\.\s*$")
+
+
+def _allowed_numbers(messages: list) -> list[int]:
+    """The numbers a prompt allows when its last user message ends with the line
+    "Reply with only one of these numbers: a, b, c." (evalbeam's rating templates), else []."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    match = NUMBERS_RE.search(message_text(users[-1])) if users else None
+    return [int(x) for x in match.group(1).split(", ")] if match else []
 
 
 def logprobs_for(content: str, top: int) -> dict:
@@ -383,7 +407,8 @@ class JudgeState:
     """Server options plus everything /stats reports; touched only from the server's event loop."""
 
     def __init__(self, latency_ms: float = 0, rpm: int | None = None, fault_rate: float = 0.0,
-                 faults=FAULT_KINDS, seed: int = 0, timeout_fault_s: float = 30.0):
+                 faults=FAULT_KINDS, seed: int = 0, timeout_fault_s: float = 30.0, answer=None,
+                 fault_retry_after_ms: float = FAULT_RETRY_AFTER_MS):
         unknown = [f for f in faults if f not in FAULT_KINDS]
         if unknown:
             raise ValueError(f"unknown fault kinds {unknown}; known: {','.join(FAULT_KINDS)}")
@@ -397,6 +422,8 @@ class JudgeState:
         self.faults = tuple(faults)
         self.seed = seed
         self.timeout_fault_s = timeout_fault_s
+        self.fault_retry_after_ms = fault_retry_after_ms
+        self.answer = answer  # answer(body) -> content or None (rules); in-process tests only
         self.closing: asyncio.Event | None = None  # set on shutdown so timeout faults end early
         self.reset()
 
@@ -509,9 +536,10 @@ def _validate_embeddings(body) -> str | None:
     return None
 
 
-def chat_payload(body: dict, request_hash: str, fault: str | None) -> tuple[dict | None, str | None]:
+def chat_payload(body: dict, request_hash: str, fault: str | None,
+                 answer=None) -> tuple[dict | None, str | None]:
     """(response payload, or a raw broken body for the malformed fault)."""
-    content, wants_json = chat_answer(body, request_hash)
+    content, wants_json = chat_answer(body, request_hash, answer)
     finish = "stop"
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if limit is not None and count_tokens(content) > limit:
@@ -586,7 +614,7 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
     if state.latency_ms:
         await asyncio.sleep(state.latency_ms / 1000)
     if fault == "429":
-        return _rate_limited(state, FAULT_RETRY_AFTER_MS / 1000, "Rate limit reached (injected).")
+        return _rate_limited(state, state.fault_retry_after_ms / 1000, "Rate limit reached (injected).")
     if fault in ("500", "503"):
         status = int(fault)
         kind = "server_error" if status == 500 else "service_unavailable"
@@ -602,7 +630,7 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
                               {"x-should-retry": "false"})
     request_hash = canonical_hash(body)
     if endpoint == "chat":
-        payload, broken = chat_payload(body, request_hash, fault)
+        payload, broken = chat_payload(body, request_hash, fault, state.answer)
     else:
         payload, broken = embeddings_payload(body, fault)
     return _json_response(state, 200, payload, {"x-request-id": "req-" + request_hash[:16]},
@@ -659,8 +687,10 @@ class StandInServer:
 
     def __init__(self, port: int = 0, latency_ms: float = 0, rpm: int | None = None,
                  fault_rate: float = 0.0, faults=FAULT_KINDS, seed: int = 0,
-                 timeout_fault_s: float = 30.0):
-        self.state = JudgeState(latency_ms, rpm, fault_rate, faults, seed, timeout_fault_s)
+                 timeout_fault_s: float = 30.0, answer=None,
+                 fault_retry_after_ms: float = FAULT_RETRY_AFTER_MS):
+        self.state = JudgeState(latency_ms, rpm, fault_rate, faults, seed, timeout_fault_s, answer,
+                                fault_retry_after_ms)
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -764,12 +794,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
     parser.add_argument("--timeout-fault-s", type=float, default=30.0,
                         help="how long a timeout fault waits before answering (default 30)")
+    parser.add_argument("--fault-retry-after-ms", type=float, default=FAULT_RETRY_AFTER_MS,
+                        help=f"Retry-After of an injected 429 (default {FAULT_RETRY_AFTER_MS})")
     return parser
 
 
 def state_from_args(args: argparse.Namespace) -> JudgeState:
     return JudgeState(args.latency_ms, args.rpm, args.fault_rate, args.faults, args.seed,
-                      args.timeout_fault_s)
+                      args.timeout_fault_s, fault_retry_after_ms=args.fault_retry_after_ms)
 
 
 async def _serve_forever(state: JudgeState, host: str, port: int) -> None:

@@ -117,6 +117,8 @@ class FakeServer:
             return error(400, f"response_format type {fmt} is not supported by this server")
         if scenario == "slowok":
             await asyncio.sleep(0.05)
+        if scenario == "nologprobs" and body.get("logprobs"):
+            return error(400, "logprobs is not supported for this model")
 
         content, finish, refusal, headers = '{"score": 4}', "stop", None, {}
         if "schema" not in tag and scenario in ("ok", "slowok", "fast", "low"):
@@ -370,3 +372,37 @@ def test_api_key_never_leaks(server, caplog):
     texts = [caplog.text, repr(client), repr(out)] + [json.dumps(r.__dict__, default=str) for r in out]
     for text in texts:
         assert KEY not in text
+
+
+def test_logprobs_rejected_once_then_never_asked_again(server):
+    async def go():
+        async with JudgeClient(server.url, KEY, rpm=6000) as client:
+            first = await client.judge(rq.JudgeRequest(model="m", messages=[("user", "nologprobs#1")], logprobs=5))
+            second = await client.judge(rq.JudgeRequest(model="m", messages=[("user", "nologprobs#2")], logprobs=5))
+            return first, second, client.logprobs_ok
+
+    first, second, ok = asyncio.run(go())
+    assert first.status == second.status == "ok" and not ok
+    assert server.counts["nologprobs#1"] == 2 and server.counts["nologprobs#2"] == 1
+    assert first.attempts == 2 and first.logprobs is None
+
+
+def test_embeddings_and_logprobs_from_the_stand_in_server():
+    from pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
+
+    async def go(url):
+        async with JudgeClient(url, KEY, rpm=6000) as client:
+            vector = await client.judge(rq.embedding_request("emb", "Lumo lies in Estova."))
+            rated = await client.judge(rq.JudgeRequest(model="m", messages=[("user", "Rate: answer: 4")],
+                                                       logprobs=3))
+            return vector, rated
+
+    with StandInServer() as stand_in:
+        vector, rated = asyncio.run(go(stand_in.url))
+        assert stand_in.stats()["by_path"].get("/v1/embeddings") == 1
+    assert vector.status == "ok" and vector.content == pytest.approx(embed("Lumo lies in Estova.", EMBEDDING_DIM))
+    assert vector.usage["prompt_tokens"] > 0
+    assert rated.status == "ok" and rated.logprobs and "top_logprobs" in rated.logprobs[0]
+    # the embedding request hashes apart from a chat request with the same text
+    assert rq.request_hash(rq.embedding_request("emb", "x")) != rq.request_hash(
+        rq.JudgeRequest(model="emb", messages=[("input", "x")]))

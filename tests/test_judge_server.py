@@ -285,8 +285,11 @@ def test_malformed_json_content_and_injected_429():
         assert classify(server.url + "/embeddings", {"model": "e", "input": "x"}, 2) != "ok"
     with StandInServer(fault_rate=1.0, faults=("429",)) as server:
         status, headers, raw = post(server.url + "/chat/completions", chat())
-        assert status == 429 and "Retry-After" in headers and "retry-after-ms" in headers
+        assert status == 429 and headers["retry-after-ms"] == "200" and headers["Retry-After"] == "1"
         assert json.loads(raw)["error"]["type"] == "rate_limit_exceeded"
+    with StandInServer(fault_rate=1.0, faults=("429",), fault_retry_after_ms=35) as server:
+        status, headers, raw = post(server.url + "/chat/completions", chat())
+        assert status == 429 and headers["retry-after-ms"] == "35"
 
 
 def test_stats_duplicates_and_reset():

@@ -36,6 +36,11 @@ Per call:
 - Rate limits (limits.py): the concurrency semaphore is taken first, then the rpm/tpm limiter,
   so requests waiting for a slot cannot bank rate and burst later. Usage corrects the token
   estimate; x-ratelimit-* headers may pause the limiter.
+- Embedding requests (request.kind "embedding") POST {url}/embeddings with {"model", "input"} and
+  end ok with the vector as content; the same retries, limits and deadline apply.
+- logprobs: a request with `logprobs=k` asks `logprobs: true, top_logprobs: k` and the response
+  keeps choices[0].logprobs.content; a 400 naming logprobs drops them for the rest of the client's
+  life (like a format fallback: at once, free).
 - `on_response(response)` is called once per request, as soon as it is final; an exception in
   it is logged (redacted) and swallowed, so it cannot lose other results.
 - The API key is redacted (replaced by "***") from every error text and log line; the client's
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import json
 import logging
 import random
@@ -91,6 +97,8 @@ class _Reply(typing.NamedTuple):
     usage: dict
     model: str | None
     fingerprint: str | None
+    logprobs: typing.Any = None     # choices[0].logprobs.content, when sent
+    vector: typing.Any = None       # data[0].embedding of an embedding request
 
 
 class _CallState:
@@ -188,6 +196,7 @@ class JudgeClient:
         # window_s < 60 scales time for tests: rpm/tpm then mean "per window_s seconds"
         self.limiter = limiter or RateLimiter(rpm, tpm, window_s=window_s)
         self.mode_index = 0  # index into MODES; only ever increases
+        self.logprobs_ok = True  # False once the server rejected logprobs (then never sent again)
         self._session: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -243,8 +252,16 @@ class JudgeClient:
 
     # ---------------------------------------------------------------- one call
     async def _judge(self, req: rq.JudgeRequest, state: _CallState, started: float) -> rq.JudgeResponse:
-        schema = req.schema
+        schema = req.response_schema  # canonical JSON text, or None
         messages = [{"role": role, "content": content} for role, content in req.messages]
+        if req.kind == "embedding":
+            try:
+                reply = await self._complete(req, messages, state)
+            except _Transient as exc:
+                return self._failure(req, state, started, exc.status, exc.message)
+            if not reply.vector:
+                return self._failure(req, state, started, rq.INVALID_OUTPUT, "no embedding in the answer", reply)
+            return self._success(req, state, started, reply, reply.vector)
         try:
             reply = await self._complete(req, messages, state)
         except _Transient as exc:
@@ -254,7 +271,7 @@ class JudgeClient:
             return final
         try:
             value = extract_json_object(reply.text)
-            jsonschema.validate(value, schema)
+            validate_answer(value, req.response_schema)
             return self._success(req, state, started, reply, value)
         except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
             problem = _describe(exc)
@@ -275,7 +292,7 @@ class JudgeClient:
             return final
         try:
             value = extract_json_object(reply.text)
-            jsonschema.validate(value, schema)
+            validate_answer(value, req.response_schema)
         except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
             return self._failure(req, state, started, rq.INVALID_OUTPUT, "after repair: " + _describe(exc), reply)
         return self._success(req, state, started, reply, value)
@@ -298,7 +315,8 @@ class JudgeClient:
         return rq.JudgeResponse(
             hash=rq.request_hash(req), status=rq.OK, content=content, raw_text=reply.text,
             usage=dict(state.usage), latency_s=time.monotonic() - started, attempts=state.attempts,
-            model=reply.model, system_fingerprint=reply.fingerprint, finish_reason=reply.finish_reason)
+            model=reply.model, system_fingerprint=reply.fingerprint, finish_reason=reply.finish_reason,
+            logprobs=reply.logprobs)
 
     def _failure(self, req, state, started, status: str, error: str, reply: _Reply | None = None) -> rq.JudgeResponse:
         reply = reply or state.last
@@ -361,8 +379,14 @@ class JudgeClient:
     # ---------------------------------------------------------------- one attempt
     async def _attempt(self, req: rq.JudgeRequest, messages: list[dict], state: _CallState) -> _Reply:
         mode_index = self.mode_index
-        body = self._payload(req, messages, MODES[mode_index])
-        estimate = estimate_tokens(((m["role"], m["content"]) for m in body["messages"]), req.max_tokens)
+        if req.kind == "embedding":
+            body = {"model": req.model, "input": messages[0]["content"]}
+            endpoint = "embeddings"
+            estimate = estimate_tokens([("user", body["input"])], 0)
+        else:
+            body = self._payload(req, messages, MODES[mode_index])
+            endpoint = "chat/completions"
+            estimate = estimate_tokens(((m["role"], m["content"]) for m in body["messages"]), req.max_tokens)
         assert self._semaphore is not None and self._session is not None
         async with self._semaphore:
             remaining = self._remaining(state)
@@ -380,7 +404,7 @@ class JudgeClient:
             per_attempt = min(self.timeout_s, max(self._remaining(state), 0.001))
             timeout = aiohttp.ClientTimeout(total=per_attempt, connect=min(5.0, per_attempt))
             try:
-                async with self._session.post(f"{self.url}/chat/completions", json=body, timeout=timeout) as resp:
+                async with self._session.post(f"{self.url}/{endpoint}", json=body, timeout=timeout) as resp:
                     status = resp.status
                     headers = resp.headers
                     text = await resp.text()
@@ -390,8 +414,10 @@ class JudgeClient:
                 raise _Transient(rq.HTTP_ERROR, f"connection error: {type(exc).__name__}: {exc}") from None
         self.limiter.observe_headers(headers)
         if status == 200:
+            if req.kind == "embedding":
+                return self._read_embedding(text, state, estimate)
             return self._read_ok(text, state, estimate)
-        self._raise_for_error(status, headers, text, mode_index, state)
+        self._raise_for_error(status, headers, text, mode_index, state, bool(body.get("logprobs")))
         raise AssertionError("unreachable")
 
     def _payload(self, req: rq.JudgeRequest, messages: list[dict], mode: str) -> dict:
@@ -400,6 +426,9 @@ class JudgeClient:
             body["seed"] = req.seed
         if req.max_tokens is not None:
             body["max_tokens"] = req.max_tokens
+        if req.logprobs is not None and self.logprobs_ok:
+            body["logprobs"] = True
+            body["top_logprobs"] = req.logprobs
         schema = req.schema
         if schema is None:
             return body
@@ -427,13 +456,35 @@ class JudgeClient:
         state.usage = rq.add_usage(state.usage, usage)
         self.limiter.correct_tokens(estimate, usage["prompt_tokens"] + usage["completion_tokens"])
         content = message.get("content")
+        logprobs = choice.get("logprobs")
+        logprobs = logprobs.get("content") if isinstance(logprobs, dict) else None
         reply = _Reply(text=content if isinstance(content, str) else None,
                        finish_reason=choice.get("finish_reason"), refusal=message.get("refusal") or None,
-                       usage=usage, model=data.get("model"), fingerprint=data.get("system_fingerprint"))
+                       usage=usage, model=data.get("model"), fingerprint=data.get("system_fingerprint"),
+                       logprobs=logprobs if isinstance(logprobs, list) else None)
         state.last = reply
         return reply
 
-    def _raise_for_error(self, status: int, headers, text: str, mode_index: int, state: _CallState) -> None:
+    def _read_embedding(self, text: str, state: _CallState, estimate: int) -> _Reply:
+        """A 200 answer of /embeddings: data[0].embedding (numbers only) and usage."""
+        try:
+            data = json.loads(text)
+            vector = data["data"][0]["embedding"]
+            if not isinstance(vector, list) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+                raise TypeError("embedding is not a list of numbers")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise _Transient(rq.HTTP_ERROR, "malformed 200 body: " + text[:120]) from None
+        usage = rq.parse_usage(data.get("usage"))
+        state.usage = rq.add_usage(state.usage, usage)
+        self.limiter.correct_tokens(estimate, usage["prompt_tokens"])
+        reply = _Reply(text=None, finish_reason=None, refusal=None, usage=usage, model=data.get("model"),
+                       fingerprint=None, vector=[float(x) for x in vector])
+        state.last = reply
+        return reply
+
+    def _raise_for_error(self, status: int, headers, text: str, mode_index: int, state: _CallState,
+                         sent_logprobs: bool = False) -> None:
         code, message = _error_fields(text)
         summary = f"HTTP {status}" + (f" {code}" if code else "") + (f": {message}" if message else "")
         lowered = f"{code} {message}".lower()
@@ -454,6 +505,12 @@ class JudgeClient:
                 log.warning("server rejected response_format %s; using %s from now on",
                             MODES[mode_index], MODES[self.mode_index])
             state.budget_attempts -= 1  # fallbacks are free
+            raise _FormatFallback(summary)
+        if status == 400 and sent_logprobs and "logprobs" in lowered:
+            if self.logprobs_ok:
+                self.logprobs_ok = False
+                log.warning("server rejected logprobs; asking without them from now on")
+            state.budget_attempts -= 1  # like a format fallback: free
             raise _FormatFallback(summary)
         if _content_filtered(code, lowered):
             raise _Transient(rq.REFUSED, summary, give_up=True)
@@ -484,6 +541,24 @@ def _format_unsupported(lowered: str) -> bool:
 def _content_filtered(code: str | None, lowered: str) -> bool:
     return code in ("content_filter", "content_policy_violation") or any(
         phrase in lowered for phrase in ("content management policy", "content filter", "content_filter"))
+
+
+@functools.lru_cache(maxsize=512)
+def _validator(schema_json: str):
+    """One checked validator per distinct schema: jsonschema.validate would check the schema
+    against its metaschema on every call, which cost more than the rest of a call together."""
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)  # SchemaError is raised (and not cached) for a bad schema
+    return cls(schema)
+
+
+def validate_answer(value, schema_json: str) -> None:
+    """jsonschema.validate(value, schema) with the validator cached per canonical schema text:
+    raises the best-matching ValidationError, or SchemaError for a bad schema."""
+    error = jsonschema.exceptions.best_match(_validator(schema_json).iter_errors(value))
+    if error is not None:
+        raise error
 
 
 def _describe(exc: Exception) -> str:

@@ -51,8 +51,15 @@ class JudgeRequest:
     response_schema: str | None = None
     template: str = ""
     template_version: str = ""
+    # "chat": POST /chat/completions; "embedding": POST /embeddings, the one message's content
+    # is the input text (role "input") and the response content is the vector
+    kind: str = "chat"
+    # top_logprobs wanted with the answer (chat only; None: no logprobs asked)
+    logprobs: int | None = None
 
     def __post_init__(self):
+        if self.kind not in ("chat", "embedding"):
+            raise ValueError(f"unknown judge request kind {self.kind!r}")
         pairs = []
         for message in self.messages:
             if isinstance(message, dict):
@@ -85,6 +92,11 @@ def request_hash(req: JudgeRequest) -> str:
         "response_schema": req.schema,
         "template_version": req.template_version,
     }
+    # added only when set, so the hashes of plain chat requests stay what they were
+    if req.kind != "chat":
+        payload["kind"] = req.kind
+    if req.logprobs is not None:
+        payload["logprobs"] = req.logprobs
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -124,7 +136,8 @@ class JudgeResponse:
     """The final outcome of one judge call (after retries, fallbacks and the one repair).
 
     `content` is the parsed JSON object when the request had a schema and the status is ok,
-    the answer text when it had none, and None otherwise. `raw_text` is the last answer text
+    the answer text when it had none, the vector (list of floats) for an embedding request, and
+    None otherwise. `raw_text` is the last answer text
     received (also for invalid_output / truncated, so the journal keeps the evidence).
     `usage` sums every attempt that returned a body, the repair included. `attempts` counts
     HTTP requests sent (format fallbacks and the repair included). `error` is short and
@@ -142,7 +155,15 @@ class JudgeResponse:
     system_fingerprint: str | None = None
     finish_reason: str | None = None
     error: str | None = None
+    # choices[0].logprobs.content when logprobs were asked and the server sent them
+    logprobs: typing.Any = dataclasses.field(default=None, hash=False)
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+
+def embedding_request(model: str, text: str) -> JudgeRequest:
+    """The request for the embedding of one text (one text per request, so that each text is
+    journaled and reused on its own, e.g. a question shared by several metrics and models)."""
+    return JudgeRequest(model=model, messages=(("input", text),), kind="embedding")

@@ -1,0 +1,209 @@
+"""JudgeSession: one worker's judge engine, shared by every DoFn that calls the judge.
+
+    session = JudgeSession(settings, journal_root)
+    session.open()                                   # DoFn.setup: loop, journal, client
+    records = session.run(coroutine)                 # DoFn.process: run async work to its end
+    stats = session.take_stats()                     # counters since the last take
+    session.close()                                  # DoFn.teardown
+
+`await session.call(request, metric)` gives the final record of one request (a dict, as the
+journal keeps it, plus "cached"):
+- a hash already in the journal (read at open, grown by every reusable answer since) is served
+  from it and costs nothing;
+- a hash already in flight in this worker is awaited, not sent again (metrics share requests:
+  the statements of an answer serve AnswerCorrectness, AnswerRelevance and Faithfulness);
+- otherwise it is sent within the worker's share of the budget (max_calls / workers,
+  max_cost / workers, the estimate reserved before sending and settled from the usage after),
+  and appended to the journal as soon as it is final. Past the budget: status "not_sent".
+- dry run: nothing is sent. The answer is simulated locally by the stand-in judge's rules
+  (pipelines/judge_server.py) so that multi-step metrics go on to their later steps and those
+  calls are counted too; records have status "dry_run" with the simulated content, and the
+  estimate of tokens is ceil(chars / 4) of the prompt plus that of the simulated answer.
+
+Counters (take_stats): requests, cached, shared, sent, status:<status>, prompt_tokens,
+completion_tokens, cost, send_seconds, and per metric requests@<metric>, sent@<metric>,
+cost@<metric>, dry_run@<metric> (a request shared by two metrics counts for the one that asked
+first); min:first_send and max:last_done (epoch seconds) give the achieved request rate when
+the counters of several workers are merged (min and max, not sums).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import time
+
+from transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
+from transforms.judge.requests import request_hash
+
+NOT_SENT = "not_sent"      # a budget was reached before this request was sent
+DRY_RUN = "dry_run"        # --judge_dry_run: counted, not sent
+
+
+def response_record(response, request, settings) -> dict:
+    """The journal's record of one final response (no key, host only)."""
+    from dataclasses import asdict
+
+    record = asdict(response) if hasattr(response, "__dataclass_fields__") else dict(response)
+    record.update(endpoint_host=endpoint_host(settings.url), template=request.template,
+                  template_version=request.template_version, kind=request.kind,
+                  sampling={"temperature": request.temperature, "max_tokens": request.max_tokens,
+                            "seed": request.seed, "logprobs": request.logprobs})
+    return record
+
+
+def simulated_content(request):
+    """What the stand-in judge would answer (dry runs): (content, answer text)."""
+    from pipelines import judge_server
+
+    if request.kind == "embedding":
+        return judge_server.embed(request.messages[0][1], judge_server.EMBEDDING_DIM), ""
+    body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
+    if request.schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": request.template or "judge",
+                                                   "schema": request.schema, "strict": True}}
+    text, wants_json = judge_server.chat_answer(body, request_hash(request))
+    return (json.loads(text) if wants_json else text), text
+
+
+class JudgeSession:
+    def __init__(self, settings, journal_root: str):
+        self.settings = settings
+        self.journal_root = journal_root
+        self.loop = None
+        self.client = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def open(self) -> None:
+        s = self.settings
+        workers = max(1, s.workers)
+        self.loop = asyncio.new_event_loop()
+        self.known = read_journal(self.journal_root)
+        self.writer = JournalWriter(self.journal_root)
+        self.inflight: dict = {}
+        self.simulated: dict = {}   # dry run: hash -> simulated record
+        self.stats: collections.Counter = collections.Counter()
+        self.calls_left = None if s.max_calls is None else s.max_calls / workers
+        self.cost_left = None if s.max_cost is None else s.max_cost / workers
+        if not s.dry_run:
+            from transforms.judge.client import JudgeClient
+
+            self.client = JudgeClient(
+                s.url, os.environ.get(s.api_key_env, ""), rpm=max(1, int(s.rpm / workers)),
+                # no token limit given: a bucket too large to ever wait
+                tpm=max(1, int(s.tpm / workers)) if s.tpm else 10 ** 12,
+                concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
+                deadline_s=s.deadline_s, max_attempts=s.max_attempts)
+            self.loop.run_until_complete(self.client.__aenter__())
+
+    def close(self) -> None:
+        if self.loop is None:
+            return
+        self.writer.flush()
+        if self.client is not None:
+            self.loop.run_until_complete(self.client.__aexit__(None, None, None))
+            self.client = None
+        self.loop.close()
+        self.loop = None
+
+    def run(self, coroutine):
+        """Run async work on the session's loop; the journal is flushed afterwards."""
+        started = time.monotonic()
+        try:
+            return self.loop.run_until_complete(coroutine)
+        finally:
+            self.stats["send_seconds"] += time.monotonic() - started
+            self.writer.flush()
+
+    def take_stats(self) -> dict:
+        out = dict(self.stats)
+        self.stats.clear()
+        return out
+
+    # ---------------------------------------------------------------- one request
+    def _estimate(self, request) -> tuple[int, int]:
+        from transforms.judge.limits import estimate_tokens
+
+        prompt = estimate_tokens(request.messages, 0)
+        completion = request.max_tokens or 0
+        return prompt, completion
+
+    async def call(self, request, metric: str = "") -> dict:
+        h = request_hash(request)
+        self.stats["requests"] += 1
+        self.stats[f"requests@{metric}"] += 1
+        if h in self.known:
+            self.stats["cached"] += 1
+            return dict(self.known[h], cached=True)
+        if h in self.simulated:     # dry run: asked before, counted once
+            self.stats["shared"] += 1
+            return dict(self.simulated[h], cached=True)
+        if h in self.inflight:
+            self.stats["shared"] += 1
+            return dict(await asyncio.shield(self.inflight[h]), cached=True)
+        future = self.loop.create_future()
+        self.inflight[h] = future
+        try:
+            record = await self._resolve(h, request, metric)
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody shares it
+            raise
+        finally:
+            del self.inflight[h]
+        future.set_result(record)
+        return record
+
+    async def _resolve(self, h, request, metric) -> dict:
+        from transforms.judge.limits import estimate_tokens
+
+        s = self.settings
+        prompt, completion = self._estimate(request)
+        if s.dry_run:
+            content, text = simulated_content(request)
+            completion = estimate_tokens([("assistant", text)], 0) if text else 0
+            self._count(metric, DRY_RUN, prompt, completion, s.cost(prompt, completion))
+            record = {"hash": h, "status": DRY_RUN, "content": content, "cached": False,
+                      "estimated_prompt_tokens": prompt, "estimated_completion_tokens": completion}
+            self.simulated[h] = record
+            return record
+        reserve = s.cost(prompt, completion)
+        if ((self.calls_left is not None and self.calls_left < 1)
+                or (self.cost_left is not None and self.cost_left < reserve)):
+            self.stats[f"status:{NOT_SENT}"] += 1
+            return {"hash": h, "status": NOT_SENT, "content": None, "cached": False,
+                    "estimated_prompt_tokens": prompt, "estimated_completion_tokens": completion}
+        if self.calls_left is not None:
+            self.calls_left -= 1
+        if self.cost_left is not None:
+            self.cost_left -= reserve
+        now = time.time()
+        self.stats["min:first_send"] = min(self.stats.get("min:first_send", now), now)
+        response = await self.client.judge(request)
+        now = time.time()
+        self.stats["max:last_done"] = max(self.stats.get("max:last_done", now), now)
+        record = dict(response_record(response, request, s), cached=False)
+        self.writer.append(record)
+        if record["status"] in REUSABLE:
+            self.known[h] = record
+        usage = response.usage or {}
+        used_prompt, used_completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        cost = s.cost(used_prompt, used_completion)
+        if self.cost_left is not None:
+            self.cost_left += reserve - cost
+        self.stats["sent"] += 1
+        self.stats[f"sent@{metric}"] += 1
+        self._count(metric, response.status, used_prompt, used_completion, cost)
+        return record
+
+    def _count(self, metric, status, prompt, completion, cost):
+        self.stats[f"status:{status}"] += 1
+        self.stats["prompt_tokens"] += prompt
+        self.stats["completion_tokens"] += completion
+        self.stats["cost"] += cost
+        self.stats[f"cost@{metric}"] += cost
+        if status == DRY_RUN:
+            self.stats[f"dry_run@{metric}"] += 1
