@@ -105,15 +105,23 @@ def segmentation_summary(metrics_path: str, counts: dict) -> str:
 
 
 def text_summary(metrics_path: str, counts: dict) -> str:
-    """One row per (model, slice): mean ROUGE-L F, mean BLEU, corpus BLEU and rule pass rates."""
+    """One row per (model, slice): mean ROUGE-L F, mean BLEU, corpus BLEU and rule pass rates;
+    then one row per judge metric: mean over the datums judged ok, ok/all, other statuses."""
     found: dict = {}
+    judged: list = []
     with FileSystems.open(metrics_path) as stream:
         for line in stream:
             record = json.loads(line)
             where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
             cells = found.setdefault((record["model"], where), {})
             kind, value = record["type"], record["value"]
-            if kind == "ROUGE" and record["parameters"].get("rouge_type") == "rougeL":
+            if "counts" in record:   # a judge metric: one line each, below
+                name = kind + (f" ({record['parameters']['template']})" if "template" in record["parameters"] else "")
+                n = sum(record["counts"].values())
+                others = ", ".join(f"{k} {v}" for k, v in record["counts"].items() if k != "ok")
+                judged.append([record["model"], where, name, "" if value is None else f"{value:.4f}",
+                               f"{record['counts'].get('ok', 0)}/{n}", others])
+            elif kind == "ROUGE" and record["parameters"].get("rouge_type") == "rougeL":
                 cells["ROUGE-L F"] = f"{value['fmeasure']:.4f}"
             elif kind == "BLEU":
                 cells["BLEU"] = f"{value:.4f}"
@@ -126,8 +134,10 @@ def text_summary(metrics_path: str, counts: dict) -> str:
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
+    judge = ("\n\nJudge metrics (means over the datums judged ok)\n"
+             + _table(["model", "slice", "metric", "value", "ok", "other statuses"], judged)) if judged else ""
     return f"\nText summary (means over datums; per-datum scores in scores.jsonl)\n" \
-           f"{_table(['model', 'slice', *columns], rows)}\n\n{inputs}"
+           f"{_table(['model', 'slice', *columns], rows) if columns else '(no local metrics)'}{judge}\n\n{inputs}"
 
 
 def retrieval_summary(metrics_path: str, counts: dict) -> str:

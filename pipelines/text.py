@@ -1,7 +1,8 @@
 """`evalbeam text`: text generation metrics that need no LLM, on Apache Beam, end to end.
 
     evalbeam text --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
-        [--metrics ROUGE,BLEU,...|all] [options] [Beam pipeline options]
+        [--metrics ROUGE,BLEU,Faithfulness,...|all] [--judge_url URL --judge_* ...]
+        [options] [Beam pipeline options]
     python -m pipelines.text ...   (same flags)
 """
 
@@ -15,6 +16,7 @@ import time
 from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
                               parse_float_list, parse_models, parse_slices, run_job, say_error,
                               split_beam_args)
+from pipelines.judge_options import add_judge_arguments
 from schemas.formats import format_of
 
 TASK = "text"
@@ -22,32 +24,50 @@ TASK = "text"
 MIN_SHARDS = 16
 RULE_METRICS = ("TextMatching", "PIILeakage", "SensitiveDataLeakage", "EncodingGuardrail",
                 "LoopingDetection")
-METRICS = ("ROUGE", "BLEU", "CorpusBLEU") + RULE_METRICS
+LOCAL_METRICS = ("ROUGE", "BLEU", "CorpusBLEU") + RULE_METRICS
+
+
+def _judge_metrics() -> tuple:
+    from transforms.judge.metrics import JUDGE_METRICS
+
+    return JUDGE_METRICS
+
+
+METRICS = LOCAL_METRICS + _judge_metrics()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate generated text of one or more models with metrics that need no LLM "
-                    "(ROUGE, BLEU, rule-based guardrails). Options not listed here are passed to "
+        description="Evaluate generated text of one or more models: ROUGE, BLEU and rule-based "
+                    "guardrails locally, and LLM-judge and embedding metrics through any OpenAI-"
+                    "compatible endpoint (--judge_url). Options not listed here are passed to "
                     "Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
     add_input_arguments(parser, ".jsonl or .parquet rows")
     add_common_arguments(parser)
     parser.add_argument("--metrics", default="all", metavar="NAMES",
-                        help=f"metric types, comma-separated, or 'all' (default): {', '.join(METRICS)}")
+                        help="metric types, comma-separated, or 'all' (default: every local metric, "
+                             "plus every judge metric when --judge_url is given, BYOP with "
+                             f"--judge_byop): {', '.join(METRICS)}")
     parser.add_argument("--rouge_types", default="rouge1,rouge2,rougeL,rougeLsum", metavar="TYPES",
                         help="ROUGE types (rougeN, rougeL, rougeLsum; default all four)")
     parser.add_argument("--rouge_use_stemmer", action="store_true",
                         help="Porter-stem tokens longer than 3 characters before ROUGE")
     parser.add_argument("--bleu_weights", default="0.25,0.25,0.25,0.25", metavar="W[,W...]",
                         help="n-gram weights of sentence BLEU (default 0.25 x 4)")
+    add_judge_arguments(parser)
     return parser
 
 
-def parse_metrics(text: str) -> frozenset:
+def parse_metrics(text: str, judge: bool = False, byop: bool = False) -> frozenset:
+    """The metric names asked; 'all' is every local metric, plus the judge metrics when a judge
+    is configured (BYOP only with templates)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
-        return frozenset(METRICS)
+        wanted = set(LOCAL_METRICS)
+        if judge:
+            wanted |= set(_judge_metrics()) - ({"BYOP"} if not byop else set())
+        return frozenset(wanted)
     unknown = sorted(set(names) - set(METRICS))
     if unknown or not names:
         raise UsageError(f"--metrics takes 'all' or names from {', '.join(METRICS)}; got "
@@ -75,8 +95,17 @@ def parse_args(argv: list[str]):
     weights = parse_float_list(args.bleu_weights, "--bleu_weights")
     if not weights or any(w < 0 for w in weights):
         raise UsageError("--bleu_weights takes one or more non-negative numbers")
-    config = TextConfig(metrics=parse_metrics(args.metrics), rouge_types=rouge_types,
-                        rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights))
+    metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop))
+    judge = {}
+    if metrics & set(_judge_metrics()):
+        from pipelines.judge_options import judge_setup
+
+        settings, judge_config, journal = judge_setup(args, beam_args)
+        if "BYOP" in metrics and not judge_config.byop:
+            raise UsageError("metric BYOP needs at least one --judge_byop FILE")
+        judge = dict(judge=judge_config, judge_settings=settings, journal_root=journal)
+    config = TextConfig(metrics=metrics, rouge_types=rouge_types,
+                        rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights), **judge)
     return args, config, parse_models(args.predictions), parse_slices(args.slice), beam_args
 
 
@@ -96,10 +125,10 @@ def build_pipeline(pipeline, sources, models, slices, config, num_shards, folder
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
-    from transforms.io import WriteJsonl, finalize_run
+    from transforms.io import WriteJsonl
     from transforms.text import EvaluateTextFiles, merge_score_parts
 
-    metrics, score_parts, rejected, stats = pipeline | "Text" >> EvaluateTextFiles(
+    metrics, score_parts, rejected, stats, judge_stats = pipeline | "Text" >> EvaluateTextFiles(
         sources, sorted(models), slices, config, num_shards, folder.temp("scores-parts"), quiet, started)
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
@@ -109,9 +138,23 @@ def build_pipeline(pipeline, sources, models, slices, config, num_shards, folder
     _ = (stats
          | "SumStats" >> beam.CombinePerKey(sum)
          | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+         | "Publish" >> beam.Map(publish, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction, beam.pvalue.AsSingleton(n_scores)))
+                                 max_rejected_fraction, beam.pvalue.AsSingleton(n_scores),
+                                 beam.pvalue.AsSingleton(judge_stats), config.judge is not None))
+
+
+def publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
+            n_scores, judge_stats, judged):
+    """finalize_run, with run.json's "judge" section (calls, cache hits, failures by status,
+    tokens, estimated cost, achieved rate) when judge metrics ran."""
+    from pipelines.judge_options import judge_report
+    from transforms.io import finalize_run
+
+    if judged:
+        run_info = dict(run_info, judge=judge_report(judge_stats))
+    return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
+                        max_rejected_fraction, n_scores)
 
 
 RECORD_ORDER = METRICS
@@ -139,12 +182,21 @@ def run(argv: list[str] | None = None) -> int:
     def summarize(metrics_path, counts):
         from pipelines.summary import text_summary
 
-        return text_summary(metrics_path, counts)
+        text = text_summary(metrics_path, counts)
+        if config.judge is not None:
+            from pipelines.judge_options import judge_table
+            from transforms.io import read_json
 
-    return run_job(TASK, args, models, slices, beam_args,
-                   {"metrics": sorted(config.metrics), "rouge_types": list(config.rouge_types),
-                    "rouge_use_stemmer": config.rouge_use_stemmer,
-                    "bleu_weights": list(config.bleu_weights)},
+            text += "\n" + judge_table(read_json(metrics_path.rsplit("/", 1)[0] + "/run.json")["judge"])
+        return text
+
+    options = {"metrics": sorted(config.metrics), "rouge_types": list(config.rouge_types),
+               "rouge_use_stemmer": config.rouge_use_stemmer, "bleu_weights": list(config.bleu_weights)}
+    if config.judge is not None:
+        from pipelines.judge_options import judge_options_info
+
+        options["judge"] = judge_options_info(config.judge_settings, config.judge, config.journal_root)
+    return run_job(TASK, args, models, slices, beam_args, options,
                    check_source, build, summarize, started, min_shards=MIN_SHARDS,
                    outputs=("scores.jsonl",))
 

@@ -25,6 +25,7 @@ from transforms.kernels.text_scores import TextConfig, TextState, score_datum
 
 GROUNDTRUTHS = "groundtruths"
 TAG_SCORES = "scores"
+TAG_JUDGE = "judge_stats"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -115,6 +116,19 @@ class MatchText(ProgressDoFn):
         self.files = files
         self.scores_dir = scores_dir
 
+    def setup(self):
+        super().setup()
+        self.session = None
+        if self.config.judge_settings is not None:
+            from transforms.judge.session import JudgeSession
+
+            self.session = JudgeSession(self.config.judge_settings, self.config.journal_root)
+            self.session.open()
+
+    def teardown(self):
+        if getattr(self, "session", None) is not None:
+            self.session.close()
+
     def _reject(self, source, row, reason):
         if source in self.files:
             path = self.files[source][row.file_id]
@@ -149,6 +163,7 @@ class MatchText(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), n_rows - n_ok))
         states: dict = {}
         score_rows: list = []
+        judged: list = []
         for uid in sorted(truths):
             truth: GroundTruthRow = truths[uid]
             groups = ["{}"] + [canonical_json({k: json.loads(truth.slices[k]) for k in spec})
@@ -157,6 +172,45 @@ class MatchText(ProgressDoFn):
                 prediction: PredictionRow | None = predictions[model].get(uid)
                 targets = [states.setdefault((model, group), TextState()) for group in groups]
                 score_rows.extend(score_datum(self.config, truth, prediction, model, targets))
+                if self.session is not None:
+                    judged.append((truth, prediction, model, targets))
+        if judged:
+            # judged at the end of the bundle, together with the bundle's other shards
+            self.pending.append((shard, states, score_rows, judged))
+            return
+        yield from self._shard_outputs(shard, states, score_rows)
+
+    def start_bundle(self):
+        self.pending = []   # (shard, states, score rows, judged datums) waiting for the judge
+
+    def finish_bundle(self):
+        """Judge the datums of every shard of the bundle at once, then emit what process() emits
+        for a shard without judge metrics. One shard at a time would wait for each shard's
+        slowest retry chain before starting the next shard's calls."""
+        if not self.pending:
+            return
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        from transforms.judge.judged_text import judge_datums
+
+        pending, self.pending = self.pending, []
+        judged_rows = judge_datums(self.session, self.config, [judged for *_, judged in pending])
+
+        def windowed(output):
+            # finish_bundle has no input element to inherit a window from: the global window
+            if isinstance(output, beam.pvalue.TaggedOutput):
+                return beam.pvalue.TaggedOutput(output.tag, windowed(output.value))
+            return WindowedValue(output, GlobalWindow().max_timestamp(), (GlobalWindow(),))
+
+        for (shard, states, score_rows, _), rows in zip(pending, judged_rows):
+            score_rows.extend(rows)
+            for output in self._shard_outputs(shard, states, score_rows):
+                yield windowed(output)
+        yield windowed(beam.pvalue.TaggedOutput(TAG_JUDGE, self.session.take_stats()))
+
+    def _shard_outputs(self, shard, states: dict, score_rows: list):
+        """The score part (or rows) and the partial states of one scored shard."""
         score_rows.sort(key=score_sort_key)
         if self.scores_dir is not None:
             path = join(self.scores_dir, f"part-{shard:05d}.jsonl")
@@ -188,13 +242,30 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
                | "GroupByShard" >> beam.GroupByKey()
                | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started))
                .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, main="partials"))
+               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, main="partials"))
     metrics = (matched.partials
                | "Combine" >> beam.CombinePerKey(MergeStates())
                | "Records" >> beam.FlatMap(records, config))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-    return metrics, matched[TAG_SCORES], rejected, stats
+    judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_judge_stats)
+    return metrics, matched[TAG_SCORES], rejected, stats, judge_stats
+
+
+def merge_judge_stats(parts) -> dict:
+    """Judge counters of every shard in one dict: "min:"/"max:" keys by min/max, others summed."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key not in out:
+                out[key] = value
+            elif key.startswith("min:"):
+                out[key] = min(out[key], value)
+            elif key.startswith("max:"):
+                out[key] = max(out[key], value)
+            else:
+                out[key] += value
+    return out
 
 
 class EvaluateTextFiles(beam.PTransform):
@@ -243,6 +314,6 @@ class EvaluateText(beam.PTransform):
         reader = TextRowsFromDicts(slice_keys, self.num_shards, self.config)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
                                          "EvaluateText")
-        metrics, scores, rejected, stats = _evaluate(read, models, self.slices, self.config, {}, None,
-                                                     True, 0.0)
+        metrics, scores, rejected, stats, _ = _evaluate(read, models, self.slices, self.config, {}, None,
+                                                        True, 0.0)
         return (metrics, scores, rejected, stats) if self.with_diagnostics else metrics

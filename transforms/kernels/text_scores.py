@@ -27,6 +27,11 @@ class TextConfig:
     rouge_types: tuple = ROUGE_TYPES
     rouge_use_stemmer: bool = False
     bleu_weights: tuple = (0.25, 0.25, 0.25, 0.25)
+    # LLM-judge metrics (transforms/judge/metrics.py): what to ask (JudgeMetricConfig), how to
+    # call (JudgeSettings) and where the journal is; None when no judge metric is wanted
+    judge: object = None
+    judge_settings: object = None
+    journal_root: str | None = None
 
 
 @dataclass
