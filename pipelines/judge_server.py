@@ -14,7 +14,11 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
   (`count_tokens`). prompt_tokens counts the text of every message (string content, or the "text" of
   content parts); cached_tokens and reasoning_tokens are always 0. With `n` choices the completion
   tokens are counted once per choice.
-* Subject and reference: in the last user message, the last marker `statement(s):`, `claim(s):`,
+* Subject and reference: when the last user message ends with `input: {JSON object}` (and
+  optionally a final `Output:`), the format RAGAS's prompts use, the subject is the value of its
+  first field among statements, claims, answer, response, user_answer, summary, text, sentence,
+  context (else its last field; a list of strings stays a list) and the reference is the text of
+  the other fields. Otherwise: in the last user message, the last marker `statement(s):`, `claim(s):`,
   `answer:`, `response:`, `actual output:`, `output:` or `opinion(s):` (case-insensitive) splits it;
   the subject is the text after the marker and the reference is every other piece of prompt text
   (system and earlier messages, plus the part before the marker). Without a marker the subject is the
@@ -33,7 +37,12 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
   (default 0..1; integers rounded); other enums are ordered values picked at round(overlap * (k - 1))
   for numbers, or by a hash of the request and field for strings; `$ref` into `#/$defs` or
   `#/definitions`, `anyOf`/`oneOf` (first non-null branch), `allOf` (first branch) and `const` work.
-* json_object without a schema: {"verdict": 1|0, "reason": "..."} for the whole subject.
+  An integer without bounds whose description lists its values ("rating (0, 2, or 4)") takes the
+  listed value at round(overlap * (k - 1)).
+* json_object, or no response_format, with a JSON schema written in the prompt (a JSON object with
+  "properties" in any message, as instructor's JSON mode, RAGAS's prompts and evalbeam's own
+  fallbacks write it): that schema is walked as for json_schema, and the answer is its JSON.
+* json_object without a schema in the prompt: {"verdict": 1|0, "reason": "..."} for the whole subject.
 * Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first); but when
   the last user message ends with "Reply with only one of these numbers: a, b, c." (evalbeam's
   rating templates) the answer is only the number at round(overlap * (k - 1)) of that list.
@@ -104,6 +113,7 @@ STOP_WORDS = frozenset(
 VERDICT_NAMES = ("verdict", "attributed", "supported", "relevant", "faithful", "useful", "correct",
                  "agrees", "is_")
 SENTENCE_NAMES = ("statement", "claim", "opinion", "truth", "sentence", "text", "question")
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 YES_NO = {"yes": True, "no": False, "true": True, "false": False, "1": True, "0": False}
 
 
@@ -164,17 +174,69 @@ def message_text(message) -> str:
 
 
 def split_prompt(messages: list) -> tuple[str, str]:
-    """(subject, reference) following the marker rule in the module docstring."""
+    """(subject, reference) following the input-object and marker rules in the module docstring."""
     texts = [message_text(m) for m in messages]
     last_user = max((i for i, m in enumerate(messages)
                      if isinstance(m, dict) and m.get("role") == "user"), default=len(texts) - 1)
     last = texts[last_user] if texts else ""
+    from_input = split_input_object(last)
+    if from_input is not None:
+        return from_input
     others = texts[:last_user] + texts[last_user + 1:]
     marks = list(MARKER_RE.finditer(last))
     if marks:
         mark = marks[-1]
         return last[mark.end():].strip(), "\n".join(others + [last[:mark.start()]])
     return last.strip(), "\n".join(others)
+
+
+INPUT_RE = re.compile(r"(?i)\binput\s*:\s*(?=\{)")
+TRAILING_OUTPUT_RE = re.compile(r"(?i)^\s*(?:output\s*:)?\s*$")
+SUBJECT_FIELDS = ("statements", "claims", "answer", "response", "user_answer", "summary", "text",
+                  "sentence", "context")
+_DECODER = json.JSONDecoder()
+
+
+def _field_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return json.dumps(value)  # sentences() takes a JSON list of strings as it is
+    return json.dumps(value, ensure_ascii=False)
+
+
+def split_input_object(text: str) -> tuple[str, str] | None:
+    """(subject, reference) of a prompt ending with `input: {JSON object}` [`Output:`], else None."""
+    marks = list(INPUT_RE.finditer(text))
+    if not marks:
+        return None
+    try:
+        data, end = _DECODER.raw_decode(text, marks[-1].end())
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data or not TRAILING_OUTPUT_RE.match(text[end:]):
+        return None
+    key = next((k for k in SUBJECT_FIELDS if k in data), list(data)[-1])
+    reference = "\n".join(_field_text(v) for k, v in data.items() if k != key)
+    return _field_text(data[key]), reference
+
+
+def schema_in_prompt(messages: list) -> dict | None:
+    """The first JSON schema written in the prompt's text: a JSON object with "properties"."""
+    for message in messages:
+        text = message_text(message)
+        i = text.find("{")
+        while i != -1:
+            try:
+                found, end = _DECODER.raw_decode(text, i)
+            except ValueError:
+                i = text.find("{", i + 1)
+                continue
+            if isinstance(found, dict) and isinstance(found.get("properties"), dict):
+                return found
+            # an object that is no schema (an example, the input): skip past all of it
+            i = text.find("{", end)
+    return None
 
 
 def canonical_hash(payload) -> str:
@@ -285,6 +347,9 @@ class SchemaWriter:
             lname = name.lower()
             if any(v in lname for v in VERDICT_NAMES) and low <= 0 and high >= 1:
                 return 1 if supported else 0
+            listed = sorted({int(n) for n in re.findall(r"\d+", str(schema.get("description", "")))})
+            if len(listed) >= 2 and not any(k in schema for k in BOUNDS):
+                return listed[round(score * (len(listed) - 1))]
             return int(min(high, max(low, round(low + score * (high - low)))))
         value = low + score * (high - low)
         # exclusive bounds: move inside by a small step
@@ -331,6 +396,10 @@ def chat_answer(body: dict, request_hash: str, answer=None) -> tuple[str, bool]:
         schema = spec.get("schema") or {}
         writer = SchemaWriter(schema, subject, reference, request_hash)
         return json.dumps(writer.value(schema, spec.get("name", ""), subject)), True
+    written = schema_in_prompt(body["messages"]) if kind in (None, "json_object") else None
+    if written is not None:
+        writer = SchemaWriter(written, subject, reference, request_hash)
+        return json.dumps(writer.value(written, str(written.get("title", "")), subject)), True
     score = overlap(subject, content_words(reference))
     supported = score >= 0.5
     if kind == "json_object":

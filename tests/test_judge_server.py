@@ -321,3 +321,61 @@ def test_cli_parsing():
         with pytest.raises(SystemExit) as stop:
             build_parser().parse_args(bad)
         assert stop.value.code == 2
+
+
+# ---------------------------------------------------------------- schemas written in the prompt
+
+VERDICTS_SCHEMA = {
+    "$defs": {"Item": {"type": "object", "properties": {
+        "statement": {"type": "string"}, "reason": {"type": "string"},
+        "verdict": {"type": "integer", "description": "1 if supported, else 0"}},
+        "required": ["statement", "reason", "verdict"]}},
+    "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+    "required": ["items"]}
+RATING_SCHEMA = {"type": "object", "properties": {
+    "rating": {"type": "integer", "description": "the rating (0, 2, or 4)"}}, "required": ["rating"]}
+
+
+def input_prompt(instruction: str, schema: dict, data: dict) -> str:
+    """A prompt in the format RAGAS's prompts use: instruction, schema, an example, then
+    `input: {...}` and a trailing `Output:` (words of our own, the same layout)."""
+    example = {"context": "Rome is in Italy.", "statements": ["Rome is in Italy."]}
+    return (f"{instruction}\nThe answer must be JSON valid for this JSON Schema:\n{json.dumps(schema)}\n\n"
+            f"Example\nInput: {json.dumps(example, indent=4)}\nOutput: {{\"items\": []}}\n\n"
+            f"Now the real one\ninput: {json.dumps(data, indent=4)}\nOutput: ")
+
+
+def content_of(raw: bytes):
+    return json.loads(raw)["choices"][0]["message"]["content"]
+
+
+def test_schema_in_the_prompt_is_answered_from_the_input_object(server):
+    data = {"context": CONTEXT, "statements": ["Paris is the capital of France.",
+                                               "Berlin hosts the German parliament."]}
+    prompt = input_prompt("Judge every statement against the context.", VERDICTS_SCHEMA, data)
+    # json_object with the schema in a system message (instructor's JSON mode), and plain text
+    for body in (chat([{"role": "system", "content": "Match this json_schema:\n" + json.dumps(VERDICTS_SCHEMA, indent=2)},
+                       {"role": "user", "content": prompt}], response_format={"type": "json_object"}),
+                 chat([{"role": "user", "content": prompt}])):
+        status, _, raw = post(server.url + "/chat/completions", body)
+        answer = json.loads(content_of(raw))
+        jsonschema.validate(answer, VERDICTS_SCHEMA)
+        # one item per statement of the input object, judged against its other fields
+        assert [i["statement"] for i in answer["items"]] == data["statements"]
+        assert [i["verdict"] for i in answer["items"]] == [1, 0]
+
+
+def test_rating_listed_in_a_description_and_the_plain_rules_without_a_schema(server):
+    same = input_prompt("Rate the answer.", RATING_SCHEMA,
+                        {"query": "Capital of France?", "user_answer": "Paris is the capital of France.",
+                         "reference_answer": "Paris is the capital of France."})
+    other = input_prompt("Rate the answer.", RATING_SCHEMA,
+                         {"query": "Capital of France?", "user_answer": "Bananas grow on trees.",
+                          "reference_answer": "Paris is the capital of France."})
+    ratings = [json.loads(content_of(post(server.url + "/chat/completions", chat(
+        [{"role": "user", "content": p}], response_format={"type": "json_object"}))[2]))["rating"]
+        for p in (same, other)]
+    assert ratings == [4, 0]
+    # no schema anywhere in the prompt: json_object keeps its {"verdict", "reason"} answer
+    _, _, raw = post(server.url + "/chat/completions", chat(response_format={"type": "json_object"}))
+    assert set(json.loads(content_of(raw))) == {"verdict", "reason"}
