@@ -18,25 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stats(base: str) -> dict:
-    with urllib.request.urlopen(base + "/stats") as r:
-        return json.loads(r.read())
+from stand_in import ROOT, server_stats, stand_in_server
 
 
 def pipeline(url: str, n: int, rpm: int, journal: str, out: str) -> None:
@@ -72,18 +59,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rpm", type=int, default=3_000)
     parser.add_argument("--latency_ms", type=int, default=200)
     args = parser.parse_args(argv)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "judge-server", "--port", str(port),
-                               "--latency-ms", str(args.latency_ms), "--rpm", str(args.rpm)],
-                              cwd=ROOT, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                stats(base)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with stand_in_server(args.latency_ms, args.rpm) as base:
         work = tempfile.mkdtemp()
         journal = os.path.join(work, "journal")
         env = dict(os.environ, BENCH_JUDGE_KEY="sk-bench", PYTHONPATH=ROOT)
@@ -97,11 +73,8 @@ def main(argv: list[str]) -> int:
             with open(out) as f:
                 counters.append(json.load(f))
             if run == 1:
-                first = stats(base)
-        second = stats(base)
-    finally:
-        server.terminate()
-        server.wait()
+                first = server_stats(base)
+        second = server_stats(base)
     arrivals = sorted(first["arrivals"])
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
     rate = (len(arrivals) - 1) / span * 60 if span else 0.0

@@ -33,15 +33,14 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from stand_in import ROOT, server_stats, stand_in_server
+
 RAGAS_PINS = ("ragas==0.4.3", "langchain-community<0.4")
 EVALBEAM_METRICS = ("Faithfulness", "ContextRecall", "ContextPrecision", "AnswerCorrectness",
                     "AnswerAccuracy", "ContextRelevanceRating", "ResponseGroundedness")
@@ -127,17 +126,6 @@ def ragas_python(path: str | None) -> str:
 
 # ---------------------------------------------------------------- the comparison
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_stats(base: str) -> dict:
-    with urllib.request.urlopen(base + "/stats") as r:
-        return json.loads(r.read())
-
-
 def write_data(folder: str, n: int, seed: int) -> tuple[str, str]:
     """n datums both tools can score: question, one reference, an answer and contexts."""
     sys.path.insert(0, ROOT)
@@ -200,22 +188,12 @@ def main(argv: list[str]) -> int:
     python = ragas_python(args.ragas_python)
     work = tempfile.mkdtemp(prefix="bench-judge-metrics-")
     groundtruths, predictions = write_data(os.path.join(work, "data"), args.n, args.seed)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "judge-server", "--port", str(port),
-                               "--latency-ms", str(args.latency_ms)], cwd=ROOT, stderr=subprocess.DEVNULL)
     # RAGAS_DO_NOT_TRACK: RAGAS's usage telemetry calls home on every metric; with no network
     # here each call waits for its timeout, which would measure the sandbox, not RAGAS
     env = dict(os.environ, BENCH_JUDGE_KEY="sk-bench", PYTHONPATH=ROOT, RAGAS_DO_NOT_TRACK="true")
     runs = {"evalbeam": [], "RAGAS": [], "evalbeam rerun": []}
     calls: dict = {name: [] for name in runs}
-    try:
-        for _ in range(100):
-            try:
-                server_stats(base)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with stand_in_server(args.latency_ms) as base:
         for repeat in range(args.repeats):
             out, journal = os.path.join(work, f"evalbeam-{repeat}"), os.path.join(work, f"journal-{repeat}")
             sides = (
@@ -231,9 +209,6 @@ def main(argv: list[str]) -> int:
                 runs[name].append(timed(command, env))
                 calls[name].append(server_stats(base)["requests"] - before)
                 print(f"  {name}: {runs[name][-1]:.1f} s, {calls[name][-1]:,} requests", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
 
     ours = evalbeam_values(os.path.join(work, "evalbeam-0"))
     with open(os.path.join(work, "ragas-0.json")) as f:
