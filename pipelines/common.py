@@ -38,6 +38,21 @@ def parse_float_list(text: str, what: str) -> tuple[float, ...]:
     return values
 
 
+def parse_optional_number(text: str, what: str, kind: type, low: float, high: float):
+    """A number of type kind (int or float) in [low, high], or None for 'none' (also 'nan',
+    'null'): for options whose "no value" is a choice, not a default."""
+    if text.strip().lower() in ("none", "nan", "null"):
+        return None
+    noun = "an integer" if kind is int else "a number"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"{what} takes {noun} in [{low}, {high}] or 'none'; got {text!r}") from None
+    if not low <= value <= high:
+        raise UsageError(f"{what} must lie in [{low}, {high}]; got {value}")
+    return value
+
+
 def parse_model_spec(spec: str) -> tuple[str, str]:
     """'NAME=PATH' or 'PATH' -> (name, pattern); a bare PATH is named after its file stem."""
     head, sep, tail = spec.partition("=")

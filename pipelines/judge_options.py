@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pipelines.common import UsageError
+from pipelines.common import UsageError, parse_optional_number
 
 DEFAULT_URL_HINT = "e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1"
 
@@ -61,18 +61,6 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                         "RAGAS; DeepEval: 1)")
     g.add_argument("--judge_top_logprobs", type=int, default=5,
                    help="top logprobs asked for SummaryCoherence (0: plain integer; default 5)")
-
-
-def _convention(text: str, option: str) -> float | None:
-    if text.strip().lower() in ("none", "nan", "null"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{option} takes a number in [0, 1] or 'none'; got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise UsageError(f"{option} must lie in [0, 1]; got {value}")
-    return value
 
 
 def _workers(beam_args: list[str]) -> int:
@@ -127,11 +115,11 @@ def judge_setup(args, beam_args: list[str]):
         model=args.judge_model, embedding_model=args.judge_embedding_model,
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
-        both_empty=_convention(args.judge_both_empty, "--judge_both_empty"),
-        no_statements_relevance=_convention(args.judge_no_statements_relevance,
-                                            "--judge_no_statements_relevance"),
-        no_claims_faithfulness=_convention(args.judge_no_claims_faithfulness,
-                                           "--judge_no_claims_faithfulness"),
+        both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),
+        no_statements_relevance=parse_optional_number(
+            args.judge_no_statements_relevance, "--judge_no_statements_relevance", float, 0.0, 1.0),
+        no_claims_faithfulness=parse_optional_number(
+            args.judge_no_claims_faithfulness, "--judge_no_claims_faithfulness", float, 0.0, 1.0),
         byop=byop)
     journal = args.judge_journal or args.output.rstrip("/") + "/judge-journal"
     return settings, config, journal

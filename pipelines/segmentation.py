@@ -13,7 +13,8 @@ import sys
 import time
 
 from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_models, parse_slices, run_job, say_error, split_beam_args)
+                              parse_models, parse_optional_number, parse_slices, run_job, say_error,
+                              split_beam_args)
 from schemas.formats import format_of
 
 TASK = "segmentation"
@@ -42,18 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "alike (Valor's background: counted in Accuracy, the source of "
                              "unmatched pixels; default none)")
     return parser
-
-
-def _id_option(text: str, flag: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{flag} takes an integer or 'none', not {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise UsageError(f"{flag} must lie in 0..65535")
-    return value
 
 
 def parse_label_names(text: str | None) -> dict[int, str] | None:
@@ -105,8 +94,8 @@ def parse_args(argv: list[str]):
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UsageError("--max_rejected_fraction must lie in [0, 1]")
     label_names = parse_label_names(args.label_names)
-    ignore_id = _id_option(args.ignore_id, "--ignore_id")
-    unlabeled_id = _id_option(args.unlabeled_id, "--unlabeled_id")
+    ignore_id = parse_optional_number(args.ignore_id, "--ignore_id", int, 0, 65535)
+    unlabeled_id = parse_optional_number(args.unlabeled_id, "--unlabeled_id", int, 0, 65535)
     for flag, value in (("--ignore_id", ignore_id), ("--unlabeled_id", unlabeled_id)):
         if value is not None and label_names and value in label_names:
             raise UsageError(f"{flag} {value} is also a class in --label_names "

@@ -158,6 +158,30 @@ def test_judge_metric_without_url_is_a_usage_error(tmp_path, capsys):
     assert all("counts" not in r for r in read_jsonl(os.path.join(tmp_path / "local", "metrics.jsonl")))
 
 
+@pytest.mark.parametrize("option, text, message", [
+    ("--judge_both_empty", "1.5", "--judge_both_empty must lie in [0.0, 1.0]; got 1.5"),
+    ("--judge_no_claims_faithfulness", "yes", "--judge_no_claims_faithfulness takes a number"),
+])
+def test_convention_options_are_checked(tmp_path, capsys, option, text, message):
+    data = write_rag_dataset(str(tmp_path / "data"), 3, seed=0, models=("alpha",))
+    code = run_text("--groundtruths", data["groundtruths"], "--predictions", data["alpha"],
+                    "--metrics", "Faithfulness", "--output", tmp_path / "out",
+                    "--judge_url", "http://127.0.0.1:9/v1", option, text)
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_optional_numbers():
+    from pipelines.common import UsageError, parse_optional_number
+
+    assert parse_optional_number("none", "--x", float, 0.0, 1.0) is None
+    assert parse_optional_number("NaN", "--x", float, 0.0, 1.0) is None
+    assert parse_optional_number("0.25", "--x", float, 0.0, 1.0) == 0.25
+    assert parse_optional_number("255", "--id", int, 0, 65535) == 255
+    for text, kind, high in (("7.5", int, 65535), ("70000", int, 65535), ("-0.1", float, 1.0)):
+        with pytest.raises(UsageError):
+            parse_optional_number(text, "--x", kind, 0, high)
+
+
 @pytest.mark.multiprocess
 def test_multi_process_runner_gives_the_same_results(tmp_path, key_env):
     data = write_rag_dataset(str(tmp_path / "data"), 60, seed=6, models=("alpha", "beta"))

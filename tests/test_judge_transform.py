@@ -126,6 +126,8 @@ def test_2000_requests_at_30_percent_faults_within_the_rate_limit(tmp_path, key_
         seen = server.stats()
         assert [r[1] for r in rows] == ["ok"] * 2000
         assert stats["sent"] == 2000 and stats["status:ok"] == 2000 and stats.get("cached", 0) == 0
+        # two batches: the times of first send and last answer merge by min and max, not summed
+        assert 0 < stats["max:last_done"] - stats["min:first_send"] < 120
         times = sorted(seen["arrivals"])
         window, allowed = 5.0, rpm / 12 * 1.05
         j = 0
@@ -194,3 +196,17 @@ def test_a_killed_run_restarted_sends_only_what_the_journal_lacks(tmp_path, key_
     assert after["requests"] - before == n - kept == stats["sent"]
     assert stats["cached"] == kept
     assert after["duplicate_bodies"] == before - kept   # only the sent-but-unjournaled ones twice
+
+
+def test_merge_counters_sums_counts_and_keeps_the_extreme_times():
+    from transforms.judge.session import merge_counters
+
+    parts = [{"sent": 3, "cost": 0.5, "min:first_send": 100.0, "max:last_done": 180.0},
+             {"sent": 2, "status:ok": 2, "min:first_send": 90.0, "max:last_done": 150.0},
+             {}]
+    merged = merge_counters(parts)
+    assert merged == {"sent": 5, "cost": 0.5, "status:ok": 2, "min:first_send": 90.0,
+                      "max:last_done": 180.0}
+    # associative: merging partial merges gives the same (CombineGlobally relies on it)
+    assert merge_counters([merge_counters(parts[:1]), merge_counters(parts[1:])]) == merged
+    assert merge_counters([]) == {}

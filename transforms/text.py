@@ -20,6 +20,7 @@ from schemas.rows import canonical_json, reject
 from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
                            merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
+from transforms.judge.session import merge_counters
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.text_scores import TextConfig, TextState, score_datum
 
@@ -248,24 +249,8 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
                | "Records" >> beam.FlatMap(records, config))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-    judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_judge_stats)
+    judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
     return metrics, matched[TAG_SCORES], rejected, stats, judge_stats
-
-
-def merge_judge_stats(parts) -> dict:
-    """Judge counters of every shard in one dict: "min:"/"max:" keys by min/max, others summed."""
-    out: dict = {}
-    for part in parts:
-        for key, value in part.items():
-            if key not in out:
-                out[key] = value
-            elif key.startswith("min:"):
-                out[key] = min(out[key], value)
-            elif key.startswith("max:"):
-                out[key] = max(out[key], value)
-            else:
-                out[key] += value
-    return out
 
 
 class EvaluateTextFiles(beam.PTransform):

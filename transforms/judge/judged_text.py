@@ -25,31 +25,33 @@ def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
     -> the score rows of each group. Every group's programs run at once on the session, so the
     slowest retry chain of one shard does not hold back the calls of the next."""
     judge = config.judge
-    programs = metric_programs(config.metrics, judge)
+    # per metric once, not per datum: (type, parameters of the records, TextState key, program)
+    catalogue = []
+    for kind, extra, program in metric_programs(config.metrics, judge):
+        parameters = parameters_of(kind, extra, judge)
+        catalogue.append((kind, extra, state_key(kind, parameters), parameters, program))
     tasks, places = [], []
     for group_index, judged in enumerate(groups):
         for truth, prediction, model, states in judged:
-            if prediction is None:
-                for kind, extra, program in programs:
-                    places.append((group_index, truth, model, states, kind, extra, None))
-                continue
-            datum = Datum(question=truth.query, references=truth.references if truth.references else None,
-                          response=prediction.response, contexts=prediction.contexts)
-            for kind, extra, program in programs:
-                tasks.append(score_metric(session, judge, kind, program, datum))
-                places.append((group_index, truth, model, states, kind, extra, len(tasks) - 1))
+            datum = None if prediction is None else Datum(
+                question=truth.query, references=truth.references if truth.references else None,
+                response=prediction.response, contexts=prediction.contexts)
+            for entry in catalogue:
+                index = None
+                if datum is not None:
+                    tasks.append(score_metric(session, judge, entry[0], entry[4], datum))
+                    index = len(tasks) - 1
+                places.append((group_index, truth, model, states, entry, index))
 
     scores = session.run(_gather(tasks)) if tasks else []
     rows: list[list[dict]] = [[] for _ in groups]
-    for group_index, truth, model, states, kind, extra, index in places:
-        parameters = parameters_of(kind, extra, judge)
+    for group_index, truth, model, states, (kind, extra, key, parameters, _), index in places:
         if index is None:
             value, status, details = None, "missing_prediction", {}
         else:
             score = scores[index]
             value, status, details = score.value, score.status, score.details
         for state in states:
-            key = state_key(kind, parameters)
             if key not in state.rules:
                 state.rules[key] = JudgeMetricState(kind, parameters)
             state.rules[key].add(value, status)

@@ -286,8 +286,8 @@ async def context_precision(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
         return Score(0.0, details={"contexts": 0})
     per_reference = await all_of(*(
         all_of(*(yes_no(j, "context_precision_verdict",
-                                {"question": d.question or "", "context": ctx, "reference": ref})
-                         for ctx in contexts))
+                        {"question": d.question or "", "context": ctx, "reference": ref})
+                 for ctx in contexts))
         for ref in references))
     verdicts = [[v for v, _ in row] for row in per_reference]
     return Score(_valid(ks.context_precision(verdicts), "verdicts"),
@@ -322,8 +322,8 @@ async def context_relevance(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     contexts = need(d.contexts, "contexts")
     if not contexts:
         return Score(0.0, details={"contexts": 0})
-    answers = await all_of(*(yes_no(j, "context_relevance_verdict",
-                                            {"question": question, "context": ctx}) for ctx in contexts))
+    answers = await all_of(*(yes_no(j, "context_relevance_verdict", {"question": question, "context": ctx})
+                             for ctx in contexts))
     verdicts = [v for v, _ in answers]
     return Score(ks.share(verdicts), details={"verdicts": verdicts, "reasons": [r for _, r in answers]})
 
@@ -350,7 +350,7 @@ async def hallucination(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     if not contexts:
         return Score(0.0, details={"contexts": 0})
     answers = await all_of(*(yes_no(j, "hallucination_verdict", {"context": ctx, "text": response})
-                                     for ctx in contexts))
+                             for ctx in contexts))
     verdicts = [v for v, _ in answers]
     return Score(ks.share(verdicts), details={"verdicts": verdicts, "reasons": [r for _, r in answers]})
 
@@ -381,7 +381,7 @@ async def _rating(j: Judge, template: str, values: dict, allowed: tuple) -> tupl
 
 async def _two_ratings(j: Judge, name: str, first: dict, second: dict, allowed: tuple, scale: int) -> Score:
     (r1, s1), (r2, s2) = await all_of(_rating(j, f"{name}_1", first, allowed),
-                                              _rating(j, f"{name}_2", second, allowed))
+                                      _rating(j, f"{name}_2", second, allowed))
     value = ks.nv_combine(r1, r2, scale)
     details = {"ratings": [r1, r2]}
     if value is None and not j.dry:
@@ -493,7 +493,7 @@ async def ragas(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     if not d.references:
         raise NotApplicable("references")
     parts = await all_of(*(_component(program, j, d, c) for program in
-                                   (faithfulness, answer_relevance, context_precision, context_recall)))
+                           (faithfulness, answer_relevance, context_precision, context_recall)))
     names = ("faithfulness", "answer_relevance", "context_precision", "context_recall")
     details = {name: score.value for name, score in zip(names, parts)}
     for score in parts:

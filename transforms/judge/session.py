@@ -69,6 +69,24 @@ def simulated_content(request):
     return (json.loads(text) if wants_json else text), text
 
 
+def merge_counters(parts) -> dict:
+    """The counters of several take_stats() dicts (workers, bundles) in one: "min:" and "max:"
+    keys by min and max, every other counter summed. Associative, so it serves as a
+    CombineGlobally function (it is also given its own partial results)."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key not in out:
+                out[key] = value
+            elif key.startswith("min:"):
+                out[key] = min(out[key], value)
+            elif key.startswith("max:"):
+                out[key] = max(out[key], value)
+            else:
+                out[key] += value
+    return out
+
+
 class JudgeSession:
     def __init__(self, settings, journal_root: str):
         self.settings = settings

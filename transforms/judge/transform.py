@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from transforms.judge.session import DRY_RUN, NOT_SENT, response_record  # noqa: F401 (re-exported)
+from transforms.judge.session import merge_counters
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class CallJudge(beam.DoFn):
     """(batch key, [(hash, request)]) -> (hash, record) through one JudgeSession per DoFn
     instance (session.py: journal hits served, in-flight duplicates awaited, misses sent within
     the worker's share of the budget, appended to the journal as they arrive). TAG_JUDGE_STATS:
-    the session's (counter, value) pairs to add up."""
+    the session's counters of each batch (session.merge_counters adds them up)."""
 
     def __init__(self, settings: JudgeSettings, journal_root: str):
         self.settings = settings
@@ -73,9 +74,10 @@ class CallJudge(beam.DoFn):
         records = self.session.run(_call_all(self.session, [request for _, request in items]))
         for (h, _), record in zip(items, records):
             yield h, record
-        for name, value in sorted(self.session.take_stats().items()):
-            if "@" not in name:
-                yield beam.pvalue.TaggedOutput(TAG_JUDGE_STATS, (name, value))
+        # the per-template "@" counters are left out: here they would only repeat the totals by
+        # template name, which the caller already knows
+        counters = {k: v for k, v in self.session.take_stats().items() if "@" not in k}
+        yield beam.pvalue.TaggedOutput(TAG_JUDGE_STATS, counters)
 
     def teardown(self):
         self.session.close()
@@ -88,7 +90,8 @@ async def _call_all(session, requests) -> list:
 class JudgeCalls(beam.PTransform):
     """PCollection of JudgeRequest -> PCollection of (request hash, response record) with one
     element per distinct request (see the module docstring). with_stats=True returns (records,
-    stats) where stats is a PCollection of {counter: total} (one dict, counters summed)."""
+    stats) where stats is a PCollection of one dict of counters (session.merge_counters: sums,
+    and the min/max of the first send and last answer times)."""
 
     def __init__(self, settings: JudgeSettings, journal_root: str, with_stats: bool = False):
         super().__init__()
@@ -109,7 +112,5 @@ class JudgeCalls(beam.PTransform):
                 .with_outputs(TAG_JUDGE_STATS, main="records"))
         if not self.with_stats:
             return results.records
-        stats = (results[TAG_JUDGE_STATS]
-                 | "SumStats" >> beam.CombinePerKey(sum)
-                 | "StatsDict" >> beam.combiners.ToDict())
+        stats = results[TAG_JUDGE_STATS] | "MergeStats" >> beam.CombineGlobally(merge_counters)
         return results.records, stats
