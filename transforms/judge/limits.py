@@ -5,8 +5,11 @@ may shrink W to scale time) and burst B:
     refill rate = (L - B) / W, capacity = B, the bucket starts full.
 In any window of length T the bucket grants at most B + (L - B) * T / W, so at most L in any
 window of W seconds (never more than rpm per minute), and over a 5 s window at most
-B + (L - B) / 12. The default burst is B = max(1, L // 240): 5 % of a 5 s window's share, so
-a 5 s window never sees more than L / 12 * 1.05 (e.g. rpm 600 -> B = 2, at most 51.8 per 5 s).
+B + (L - B) / 12. The default burst is B = max(1, L // 480), 2.5 % of a 5 s window's share, so
+the limiter grants at most about L / 12 * 1.025 in any 5 s window (rpm 600 -> B = 1, at most 50.9).
+The other half of the 5 % allowance is headroom for what happens between the grant and the
+server: a request granted early but delayed on the way (event loop, connection set-up, network)
+can land in the same server-side window as later ones.
 
 Tokens: a request's cost is estimated before it is sent (`estimate_tokens`):
     ceil(total characters of the message contents / 4) + (max_tokens or 256).
@@ -41,7 +44,7 @@ LOW_REMAINING_FRACTION = 0.05
 
 
 def default_burst(limit: int) -> int:
-    return max(1, int(limit) // 240)
+    return max(1, int(limit) // 480)
 
 
 def estimate_tokens(messages: typing.Iterable[tuple[str, str]], max_tokens: int | None) -> int:
