@@ -252,6 +252,7 @@ def reason_for(text: str, score: float, supported: bool) -> str:
 
 # ---------------------------------------------------------------- schema walking
 
+
 class SchemaWriter:
     """Writes a value that validates against a JSON schema, derived from the prompt (rules above)."""
 
@@ -471,6 +472,18 @@ PERMANENT_ERRORS = {
 
 
 # ---------------------------------------------------------------- server
+
+
+def busiest_window(times: list[float], width: float) -> int:
+    """The most arrivals (monotonic times, e.g. stats()["arrivals"]) in any half-open window
+    [t, t + width): what a rate limit of that many per width would have to allow."""
+    times, best, lo = sorted(times), 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= width:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
 
 class JudgeState:
     """Server options plus everything /stats reports; touched only from the server's event loop."""

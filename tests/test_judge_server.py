@@ -14,7 +14,7 @@ import urllib.request
 import jsonschema
 import pytest
 
-from pipelines.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser,
+from pipelines.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser, busiest_window,
                                     count_tokens, state_from_args)
 
 CONTEXT = "Paris is the capital of France. The Eiffel Tower stands in Paris."
@@ -379,3 +379,10 @@ def test_rating_listed_in_a_description_and_the_plain_rules_without_a_schema(ser
     # no schema anywhere in the prompt: json_object keeps its {"verdict", "reason"} answer
     _, _, raw = post(server.url + "/chat/completions", chat(response_format={"type": "json_object"}))
     assert set(json.loads(content_of(raw))) == {"verdict", "reason"}
+
+
+def test_busiest_window_counts_arrivals_in_half_open_windows():
+    assert busiest_window([], 1.0) == 0
+    assert busiest_window([3.0, 0.0, 1.2, 0.5, 1.0], 1.0) == 3   # 0.5, 1.0, 1.2
+    assert busiest_window([0.0, 1.0, 2.0], 1.0) == 1             # [t, t + 1) holds one of each pair
+    assert busiest_window([0.0, 0.0, 0.0], 0.1) == 3

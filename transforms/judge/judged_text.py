@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 
 from transforms.judge.metrics import Datum, metric_programs, parameters_of, score_metric
 from transforms.kernels.judge_state import JudgeMetricState
@@ -20,43 +21,51 @@ def state_key(kind: str, parameters: dict) -> str:
     return kind + (json.dumps(extra, sort_keys=True) if extra else "")
 
 
+class _Metric(typing.NamedTuple):
+    """One requested judge metric, prepared once per call of judge_datums."""
+    kind: str
+    extra: dict          # the parameters that tell records of the same type apart (BYOP template)
+    key: str             # TextState.rules key
+    parameters: dict     # the records' parameters
+    program: typing.Any  # the metric's async program
+
+
 def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
     """groups (one per shard): [(GroundTruthRow, PredictionRow or None, model, [TextState])]
     -> the score rows of each group. Every group's programs run at once on the session, so the
     slowest retry chain of one shard does not hold back the calls of the next."""
     judge = config.judge
-    # per metric once, not per datum: (type, parameters of the records, TextState key, program)
-    catalogue = []
+    catalogue = []  # per metric once, not per datum
     for kind, extra, program in metric_programs(config.metrics, judge):
         parameters = parameters_of(kind, extra, judge)
-        catalogue.append((kind, extra, state_key(kind, parameters), parameters, program))
+        catalogue.append(_Metric(kind, extra, state_key(kind, parameters), parameters, program))
     tasks, places = [], []
     for group_index, judged in enumerate(groups):
         for truth, prediction, model, states in judged:
             datum = None if prediction is None else Datum(
                 question=truth.query, references=truth.references if truth.references else None,
                 response=prediction.response, contexts=prediction.contexts)
-            for entry in catalogue:
+            for metric in catalogue:
                 index = None
                 if datum is not None:
-                    tasks.append(score_metric(session, judge, entry[0], entry[4], datum))
+                    tasks.append(score_metric(session, judge, metric.kind, metric.program, datum))
                     index = len(tasks) - 1
-                places.append((group_index, truth, model, states, entry, index))
+                places.append((group_index, truth, model, states, metric, index))
 
     scores = session.run(_gather(tasks)) if tasks else []
     rows: list[list[dict]] = [[] for _ in groups]
-    for group_index, truth, model, states, (kind, extra, key, parameters, _), index in places:
+    for group_index, truth, model, states, metric, index in places:
         if index is None:
             value, status, details = None, "missing_prediction", {}
         else:
             score = scores[index]
             value, status, details = score.value, score.status, score.details
         for state in states:
-            if key not in state.rules:
-                state.rules[key] = JudgeMetricState(kind, parameters)
-            state.rules[key].add(value, status)
-        rows[group_index].append({"datum_uid": truth.uid, "model": model, "metric": kind,
-                                  "parameters": extra, "value": value, "status": status,
+            if metric.key not in state.rules:
+                state.rules[metric.key] = JudgeMetricState(metric.kind, metric.parameters)
+            state.rules[metric.key].add(value, status)
+        rows[group_index].append({"datum_uid": truth.uid, "model": model, "metric": metric.kind,
+                                  "parameters": metric.extra, "value": value, "status": status,
                                   "details": details})
     return rows
 
