@@ -75,12 +75,13 @@ def parse_args(argv: list[str]):
 def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet,
                    started, run_info, max_rejected_fraction):
     """Add the classification job to `pipeline`: read, evaluate, write, publish (see
-    transforms.io.finalize_run)."""
+    transforms.outputs.finalize_run)."""
     import apache_beam as beam
 
     from transforms.classification import (MatchAndCombine, ReadClassificationFiles,
                                            record_sort_key, reject_sort_key)
-    from transforms.io import WriteJsonl, finalize_run
+    from transforms.io import WriteJsonl
+    from transforms.outputs import finalize_run
 
     slice_keys = sorted({key for spec in slices for key in spec})
     pieces, vocab, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(

@@ -1,8 +1,12 @@
 """What every task's launcher shares: model specs, Beam options, outputs, run.json, exit codes.
 
-Exit codes: 0 success; 1 the run finished and wrote its outputs but rejected more rows than
---max_rejected_fraction allows; 2 unusable command line or inputs (nothing was run); 3 the
-pipeline failed (no metrics.jsonl is left behind).
+Exit codes (run.json's status in brackets): 0 success ("complete"); 1 the run finished and wrote
+its outputs but rejected more rows than --max_rejected_fraction allows
+("complete_with_rejections"); 2 unusable command line, inputs or output folder (nothing on disk
+changed), or an input that broke off while being read ("failed"); 3 the pipeline failed
+("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the run could not
+compute what was asked ("incomplete": every row of a source rejected, a --slice key no row has,
+judge calls that failed; run.json's "problems" say which).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from importlib import metadata
 
 
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 2, 3, 4
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 SECRET_WORDS = ("key", "token", "secret", "password", "credential")
 
@@ -153,6 +157,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of datum shards (default: from the input size)")
     parser.add_argument("--max_rejected_fraction", type=float, default=0.0, metavar="F",
                         help="exit 0 even if up to this fraction of rows was rejected (default 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files named like evalbeam's outputs in --output even if "
+                             "evalbeam did not write them (inputs are never replaced)")
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
 
 
@@ -196,35 +203,41 @@ def local_pipeline(args: list[str] | None = None):
     return make_pipeline(PipelineOptions(list(args or [])))
 
 
+def _inputs_of(sources: dict) -> list[str]:
+    return [path for source in sources.values() for path in source.files]
+
+
 def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
             task_options: dict, check_source, build, summarize, started: float,
             min_shards: int = 1, outputs: tuple = (), known_formats: bool = True) -> int:
     """Everything a task's launcher does around its pipeline.
 
-    Expands and checks the inputs (check_source(name, source) raises InputError), prepares the
-    output folder, runs build(pipeline, sources, num_shards, folder, run_info) on Beam, and
-    reports: one paragraph on failure, else summarize(metrics_path, counts) and the rejection
-    message. Returns the exit code."""
+    Expands and checks the inputs (check_source(name, source) raises InputError) and the output
+    folder, all without writing anything; takes the output folder (transforms.outputs), runs
+    build(pipeline, sources, num_shards, folder, run_info) on Beam, and reports: one paragraph
+    on failure, else summarize(metrics_path, counts), the run's problems and, when too many rows
+    were rejected, the rejection message. Returns the exit code, which agrees with run.json's
+    status (transforms.outputs.EXIT_CODES)."""
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from transforms.io import InputError, OutputFolder, expand_source, read_json
+    from transforms.io import READ_ERROR, InputError, expand_source, read_json
+    from transforms.outputs import EXIT_CODES, RUNNING, OutputFolder
 
+    folder = OutputFolder(args.output, outputs, overwrite=getattr(args, "overwrite", False))
     try:
         sources = {"groundtruths": expand_source("groundtruths", args.groundtruths, known_formats)}
         for name, pattern in models.items():
             sources[name] = expand_source(name, pattern, known_formats)
         for name, source in sources.items():
             check_source(name, source)
-        folder = OutputFolder(args.output, outputs)
-        folder.prepare()
+        folder.check(_inputs_of(sources))
     except InputError as error:
-        say_error(str(error))
-        _record_input_failure(task, args.output, str(error), started, outputs)
+        say_error(getattr(error, "message", str(error)))
         return EXIT_USAGE
 
     total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-                      for s in sources.values() for path in s.files)
+                      for path in _inputs_of(sources))
     num_shards = args.num_shards or max(min_shards, default_num_shards(total_bytes))
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # multi-process and remote workers log at INFO by default; keep stderr for progress
@@ -232,7 +245,6 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     options = PipelineOptions(beam_args)
     run_info = {
         "task": task,
-        "status": "running",
         "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
         "models": sorted(models),
         "sources": list(sources),
@@ -244,6 +256,11 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
         "versions": versions(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
     }
+    try:
+        folder.start(run_info)
+    except InputError as error:
+        say_error(str(error))
+        return EXIT_USAGE
     if not args.quiet:
         print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
               f"on {run_info['runner']}", file=sys.stderr)
@@ -252,19 +269,24 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
         build(pipeline, sources, num_shards, folder, run_info)
         pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
-        first_line = (str(error).strip().splitlines() or [""])[-1]
-        run_info.update(status="failed", error=f"{type(error).__name__}: {first_line}",
-                        wall_time_seconds=round(time.time() - started, 3))
+        text = str(error)
+        if READ_ERROR in text:   # an input that broke off while being read: not a bug
+            reason = text[text.index(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
+            code, kind = EXIT_USAGE, "an input could not be read"
+        else:
+            reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
+            code, kind = EXIT_FAILED, "the pipeline failed"
+        run_info.update(error=reason, wall_time_seconds=round(time.time() - started, 3))
         folder.fail(run_info)
-        say_error(f"the pipeline failed ({type(error).__name__}: {first_line}). No metrics were "
-                  f"written; {folder.final('run.json')} records the failure.")
-        return EXIT_FAILED
-    if not FileSystems.exists(folder.final("run.json")):
+        say_error(f"{kind} ({reason}). No metrics were written; {folder.final('run.json')} "
+                  f"records the failure.")
+        return code
+    info = read_json(folder.final("run.json"))
+    if info.get("status") == RUNNING:
         # A runner that returns before the job ends (e.g. a Dataflow flex template launch).
         print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
-              "finishes (run.json last but one, metrics.jsonl last).", file=sys.stderr)
+              "finishes (run.json says \"running\" until then).", file=sys.stderr)
         return EXIT_OK
-    info = read_json(folder.final("run.json"))
     if not args.quiet:
         print(summarize(folder.final("metrics.jsonl"), info["counts"]))
         scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
@@ -272,28 +294,26 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
               f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
               f"Wall time {info['wall_time_seconds']:.1f} s.")
-    if info["status"] != "complete":
-        print(rejection_message(info["counts"], info["first_rejections"],
-                                folder.final("rejected.jsonl"), args.max_rejected_fraction),
+    report_problems(info, folder.final("rejected.jsonl"), args.max_rejected_fraction)
+    return EXIT_CODES[info["status"]]
+
+
+def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
+    """The run's warnings, why it is incomplete, and the rejection message, on stderr: what the
+    exit code means, in words, whatever --quiet says."""
+    from transforms.outputs import INCOMPLETE, WITH_REJECTIONS
+
+    for p in info.get("problems", []):
+        if p["severity"] == "warning":
+            print(f"evalbeam: warning: {p['message']}", file=sys.stderr)
+    errors = [p["message"] for p in info.get("problems", []) if p["severity"] == "error"]
+    if info["status"] == INCOMPLETE:
+        print(f"evalbeam: the run is incomplete (status \"incomplete\", exit 4): "
+              f"{' '.join(errors)} The outputs were written; run.json lists the problems.",
               file=sys.stderr)
-        return EXIT_REJECTED
-    return EXIT_OK
-
-
-def _record_input_failure(task: str, output: str, error: str, started: float,
-                          outputs: tuple = ()) -> None:
-    """Clear an earlier run's outputs and leave a run.json that says why this run stopped, so a
-    scheduled job never shows yesterday's metrics as today's. Best effort: the output folder may
-    be the problem."""
-    from transforms.io import OutputFolder
-
-    try:
-        folder = OutputFolder(output, outputs)
-        folder.prepare()
-        folder.fail({"task": task, "status": "failed", "error": error, "versions": versions(),
-                     "wall_time_seconds": round(time.time() - started, 3)})
-    except Exception:
-        pass
+    elif info["status"] == WITH_REJECTIONS:
+        print(rejection_message(info["counts"], info["first_rejections"], rejected_path, allowed),
+              file=sys.stderr)
 
 
 def add_input_arguments(parser: argparse.ArgumentParser, what: str) -> None:

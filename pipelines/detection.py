@@ -145,7 +145,8 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
 
     from transforms.classification import reject_sort_key
     from transforms.detection import EvaluateDetectionFiles
-    from transforms.io import WriteJsonl, finalize_run
+    from transforms.io import WriteJsonl
+    from transforms.outputs import finalize_run
 
     metrics, rejected, stats = pipeline | "Detection" >> EvaluateDetectionFiles(
         sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol, native)

@@ -138,7 +138,8 @@ def build_pipeline(pipeline, sources, models, slices, config, complete, per_quer
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
-    from transforms.io import WriteJsonl, finalize_run, merge_sorted_parts
+    from transforms.io import WriteJsonl, merge_sorted_parts
+    from transforms.outputs import finalize_run
     from transforms.retrieval import EvaluateRetrievalFiles, record_sort_key
 
     metrics, parts, rejected, stats = pipeline | "Retrieval" >> EvaluateRetrievalFiles(

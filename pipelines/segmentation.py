@@ -147,7 +147,8 @@ def build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shar
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
-    from transforms.io import WriteJsonl, finalize_run
+    from transforms.io import WriteJsonl
+    from transforms.outputs import finalize_run
     from transforms.segmentation import EvaluateSegmentationFiles
 
     metrics, rejected, stats = pipeline | "Segmentation" >> EvaluateSegmentationFiles(

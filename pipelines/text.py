@@ -149,7 +149,7 @@ def publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejecte
     """finalize_run, with run.json's "judge" section (calls, cache hits, failures by status,
     tokens, estimated cost, achieved rate) when judge metrics ran."""
     from pipelines.judge_options import judge_report
-    from transforms.io import finalize_run
+    from transforms.outputs import finalize_run
 
     if judged:
         run_info = dict(run_info, judge=judge_report(judge_stats))

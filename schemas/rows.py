@@ -11,6 +11,7 @@ check meaning.
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,10 +33,16 @@ CLASSIFICATION_PREDICTION = pa.schema([
 ])
 
 
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+
+
 def reject(source: str, file: str, position: int | None, reason: str,
            datum_uid: str | None = None, position_name: str = "line") -> dict:
-    """The record of one rejected input row, as written to rejected.jsonl."""
-    record = {"source": source, "file": file, position_name: position, "reason": reason}
+    """The record of one rejected input row, as written to rejected.jsonl. Memory addresses
+    that library messages carry ("<_io.BytesIO object at 0x7f...>") are removed from the
+    reason, so the same input gives the same rejected.jsonl in every run."""
+    record = {"source": source, "file": file, position_name: position,
+              "reason": _ADDRESS.sub("", reason)}
     if datum_uid is not None:
         record["datum_uid"] = datum_uid
     return record

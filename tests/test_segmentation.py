@@ -288,10 +288,11 @@ def test_ignore_and_unlabeled_ids(tmp_path):
     cm = r["ConfusionMatrix", None]
     assert cm["unmatched_ground_truths"]["x"] == {"ratio": 0.5, "count": 1}
     assert cm["confusion_matrix"]["y"]["x"]["count"] == 1
-    # with ignore switched off, 255 is an unknown id: the ground-truth row is rejected
+    # with ignore switched off, 255 is an unknown id: the ground-truth row is rejected, so
+    # nothing can be evaluated and the run is incomplete (exit 4), not merely over its rejections
     assert run_segmentation("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "pd.jsonl",
                             "--output", tmp_path / "out2", "--quiet", "--label_names", "x,y",
-                            "--ignore_id", "none") == 1
+                            "--ignore_id", "none") == 4
     reasons = [x["reason"] for x in read_jsonl(tmp_path / "out2" / "rejected.jsonl")]
     assert reasons == ["the ground truth label map has ids that --label_names does not name: [255]",
                        "no valid ground truth for this datum_uid"]
@@ -359,8 +360,7 @@ def test_label_maps_without_label_names_stop_at_once(tmp_path, capsys):
                             "--output", tmp_path / "out") == 2
     err = capsys.readouterr().err
     assert "--label_names is not set" in err and "Traceback" not in err
-    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "failed"
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    assert not (tmp_path / "out").exists()   # stopped before any work: nothing on disk changed
     for bad in (["--label_names", "0=a,b"], ["--label_names", "0=a,0=b"], ["--ignore_id", "x"],
                 ["--label_names", "a,b", "--ignore_id", "1"], ["--unlabeled_id", "255"]):
         assert run_segmentation("--groundtruths", tmp_path / "gt.jsonl", "--predictions", tmp_path / "pd.jsonl",

@@ -9,14 +9,19 @@ the launcher only when the run has finished (finalize_outputs).
 from __future__ import annotations
 
 import json
+import bz2
+import gzip
+import lzma
 import os
+import stat
 import sys
 import time
 import typing
-import uuid
+import zlib
 from dataclasses import dataclass
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
@@ -30,6 +35,128 @@ TAG_VOCAB = "vocab"
 
 class InputError(Exception):
     """An input that cannot be used at all: the run stops before it starts."""
+
+
+class _StrictDeflate:
+    """A raw zlib (.deflate) stream that raises EOFError when the data ends before the stream
+    does, as gzip, bz2 and lzma readers do."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.inflate = zlib.decompressobj()
+        self.pending = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            if self.inflate.eof:
+                break
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                raise EOFError("compressed data ended before the end-of-stream marker")
+            self.pending += self.inflate.decompress(chunk)
+        if size < 0:
+            out, self.pending = self.pending, b""
+        else:
+            out, self.pending = self.pending[:size], self.pending[size:]
+        return out
+
+    def close(self):
+        self.raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+READ_ERROR = "evalbeam input error: "
+# The longest input line a reader holds in memory; a longer one is rejected as a row (and
+# skipped without being read into memory whole).
+MAX_ROW_BYTES = 64 << 20
+
+
+class ReadError(InputError):
+    """An input file that cannot be read to its end (truncated or corrupt compressed data, not a
+    regular file). Raised inside workers too, where Beam wraps it: its text starts with
+    READ_ERROR so the launcher can tell it from a bug and report it as an input error;
+    .message is the text without that mark."""
+
+    def __init__(self, message: str):
+        super().__init__(READ_ERROR + message)
+        self.message = message
+_DECOMPRESSORS = {CompressionTypes.GZIP: lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+                  CompressionTypes.BZIP2: lambda raw: bz2.BZ2File(raw, mode="rb"),
+                  CompressionTypes.LZMA: lambda raw: lzma.LZMAFile(raw, mode="rb"),
+                  CompressionTypes.DEFLATE: _StrictDeflate}
+
+
+def check_regular_file(path: str) -> None:
+    """A local input must be a regular file: a FIFO would block the run forever and a device
+    (/dev/zero) would never end. Remote objects are always regular."""
+    if "://" in path:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ReadError(f"cannot open {path}: {error.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ReadError(f"{path} is not a regular file (a pipe, device or socket "
+                        "cannot be read as an input)")
+
+
+class _Checked:
+    """A decompressing reader whose truncation or corruption errors become ReadError."""
+
+    def __init__(self, path: str, stream):
+        self.path = path
+        self.stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.stream.read(size)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+            raise ReadError(f"{self.path} does not end as a complete compressed "
+                            f"file ({error}); it was probably cut short while being copied or "
+                            "downloaded. Nothing of it was used.") from None
+
+    def __iter__(self):
+        rest = b""
+        while True:
+            chunk = self.read(1 << 20)
+            if not chunk:
+                break
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
+
+    def close(self):
+        self.stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_input(path: str):
+    """Open an input file for reading, decompressing by its suffix (.gz, .bz2, .xz/.lzma,
+    .deflate) with readers that fail on truncated or corrupt data: Beam's own decompressing
+    reader returns a truncated .gz as if it had ended there. Zstandard files are refused (their
+    truncation cannot be told from their end here)."""
+    check_regular_file(path)
+    kind = CompressionTypes.detect_compression_type(path)
+    if kind == CompressionTypes.ZSTD:
+        raise ReadError(f"{path}: Zstandard input is not supported; decompress it or "
+                        "use gzip")
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if kind not in _DECOMPRESSORS:
+        return raw
+    return _Checked(path, _DECOMPRESSORS[kind](raw))
 
 
 @dataclass(frozen=True)
@@ -60,51 +187,107 @@ def expand_source(name: str, pattern: str, known_formats: bool = True) -> Source
         if known_formats and format_of(meta.path) is None:
             raise InputError(f"{meta.path} (given for {name}) has an unknown format: use .jsonl "
                              "(or .ndjson, .json, optionally .gz) or .parquet file names.")
+        check_regular_file(meta.path)
         if meta.size_in_bytes == 0:
             raise InputError(f"{meta.path} (given for {name}) is empty: there is nothing to "
                              "evaluate in it.")
     return Source(name, pattern, tuple(files))
 
 
-def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: list[str]) -> None:
+# The fields that tell one task's rows from another's: a file given to the wrong command is
+# named by the command it belongs to, instead of failing row by row.
+TASK_FIELDS = (
+    ("detection", ("annotations",)), ("detection", ("image_id", "category_id")),
+    ("detection", ("images",)), ("segmentation", ("segments",)),
+    ("segmentation", ("label_map_uri",)), ("retrieval", ("query_id", "doc_id")),
+    ("text", ("response",)), ("text", ("references",)), ("text", ("query",)),
+    ("classification", ("labels",)),
+)
+
+
+def task_of_fields(fields) -> str | None:
+    """The task whose rows have these fields (column names or JSON keys), or None."""
+    fields = set(fields)
+    for task, needed in TASK_FIELDS:
+        if all(f in fields for f in needed):
+            return task
+    return None
+
+
+def wrong_task_message(path: str, name: str, fields, task: str | None) -> str | None:
+    """'these look like detection rows' when the fields belong to another task than `task`."""
+    other = task_of_fields(fields)
+    if task is None or other is None or other == task:
+        return None
+    return (f"{path} (given for {name}) holds {other} rows (fields {sorted(fields)[:8]}), not "
+            f"{task} rows: evaluate it with 'evalbeam {other}'.")
+
+
+def head_lines(stream, n: int = 100, max_bytes: int = 64 << 20) -> list[bytes]:
+    """The first n non-blank lines of a stream (a line longer than max_bytes, or a last line cut
+    by that limit, is left out), read no further than needed."""
+    from schemas.safe_json import iter_lines
+
+    lines = []
+    for _, line in iter_lines(stream, max_bytes, chunk_size=1 << 20):
+        if line is not None and line.strip():
+            lines.append(line)
+            if len(lines) >= n:
+                break
+    return lines
+
+
+def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: list[str],
+              task: str | None = None) -> None:
     """Open every file and check that it holds rows of the expected shape.
 
     A JSONL file passes when one of its first 100 non-blank lines is a JSON object with all the
     `required` fields; a Parquet file when its columns can be read as the schema. Bad rows are not
-    errors here (they are rejected one by one later); a file with no usable row at its start is."""
+    errors here (they are rejected one by one later); a file with no usable row at its start is,
+    and so is a file whose rows belong to another task (named in the message)."""
+    from schemas.safe_json import loads_row
+
     for path in source.files:
         try:
-            with FileSystems.open(path) as stream:
-                if format_of(path) == "parquet" and schema is None:
-                    import pyarrow.parquet as pq
+            if format_of(path) == "parquet":
+                import pyarrow.parquet as pq
 
+                with open_input(path) as stream:
                     names = pq.ParquetFile(stream).schema_arrow.names
-                    missing = [f for f in required if f not in names]
-                    if missing:
-                        raise TypeError(f"missing column(s) {missing}; the file has {names}")
-                    continue
-                if format_of(path) == "parquet":
-                    next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
-                    continue
-                head = stream.read(1 << 20)
+                    other = wrong_task_message(path, source.name, names, task)
+                    if other:
+                        raise InputError(other)
+                    if schema is None:
+                        missing = [f for f in required if f not in names]
+                        if missing:
+                            raise TypeError(f"missing column(s) {missing}; the file has {names}")
+                    else:
+                        next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
+                continue
+            with open_input(path) as stream:
+                lines = head_lines(stream)
+        except InputError:
+            raise
         except TypeError as error:
             raise InputError(f"{path} (given for {source.name}) cannot be used: {error}.") from None
         except Exception as error:
             raise InputError(f"cannot read {path} (given for {source.name}): {error}") from None
-        lines = [line for line in head.split(b"\n")[:-1] if line.strip()][:100] or [head]
-        if not any(line.strip() for line in lines):
+        if not lines:
             raise InputError(f"{path} (given for {source.name}) holds no rows.")
-        shapes, usable = [], False
+        shapes = []
         for line in lines:
-            try:
-                row = json.loads(line)
-            except ValueError:
+            row, _ = loads_row(line)
+            if not isinstance(row, dict):
+                if row is not None:
+                    shapes.append(type(row).__name__)
                 continue
-            if isinstance(row, dict) and all(field in row for field in required):
-                usable = True
+            other = wrong_task_message(path, source.name, row, task)
+            if other:
+                raise InputError(other)
+            if all(field in row for field in required):
                 break
-            shapes.append(sorted(row) if isinstance(row, dict) else type(row).__name__)
-        if not usable:
+            shapes.append(sorted(row))
+        else:
             seen = f"; the first row has {shapes[0]}" if shapes else "; no line is valid JSON"
             raise InputError(
                 f"{path} (given for {source.name}) does not look like evalbeam rows: none of its "
@@ -217,25 +400,33 @@ class ReadFiles(beam.PTransform):
                 .with_outputs(*self.tags, main="pieces"))
 
 
-def parse_rows(path: str):
+def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES):
     """(rows, positions, [(position, None, reason)]) of a whole JSONL (line numbers) or Parquet
-    (row numbers) file, for row formats with nested values (detection, segmentation)."""
+    (row numbers) file, for row formats with nested values (detection, segmentation). JSONL
+    lines are parsed by schemas.safe_json.loads_row: a line too long, too deeply nested, not JSON
+    or holding a lone surrogate is rejected with its reason."""
+    from schemas.safe_json import iter_lines, loads_row
+
     rows, positions, rejected = [], [], []
-    with FileSystems.open(path) as stream:
+    with open_input(path) as stream:
         if format_of(path) == "parquet":
             import pyarrow.parquet as pq
 
             table = pq.read_table(stream)
             rows = table.to_pylist()
             return rows, list(range(len(rows))), []
-        for number, raw in enumerate(stream.read().split(b"\n"), start=1):
+        for number, raw in iter_lines(stream, max_row_bytes):
+            if raw is None:
+                rejected.append((number, None, f"line longer than {max_row_bytes:,} bytes"))
+                continue
             if not raw.strip():
                 continue
-            try:
-                rows.append(json.loads(raw))
+            row, reason = loads_row(raw)
+            if reason is None:
+                rows.append(row)
                 positions.append(number)
-            except ValueError as error:
-                rejected.append((number, None, f"malformed JSON: {error}"))
+            else:
+                rejected.append((number, None, reason))
     return rows, positions, rejected
 
 
@@ -359,130 +550,3 @@ def read_json(path: str):
 
 def join(folder: str, name: str) -> str:
     return FileSystems.join(folder, name)
-
-
-def delete_if_exists(paths: list[str]) -> None:
-    existing = [p for p in paths if FileSystems.exists(p)]
-    if existing:
-        FileSystems.delete(existing)
-
-
-def move(source: str, destination: str) -> None:
-    delete_if_exists([destination])
-    FileSystems.rename([source], [destination])
-
-
-class OutputFolder:
-    """The output folder of one run: final names, a private temporary folder, finalisation.
-
-    At the start the final files of an earlier run are removed, so a failed run never leaves a
-    metrics.jsonl behind that could be taken for its result."""
-
-    FINAL = ("metrics.jsonl", "run.json", "rejected.jsonl")
-
-    def __init__(self, folder: str, extra: tuple = ()):
-        self.folder = folder
-        self.tmp = join(folder, f".evalbeam-tmp-{uuid.uuid4().hex[:12]}")
-        self.extra = tuple(extra)   # more outputs of a task (scores.jsonl), published before run.json
-
-    @property
-    def names(self) -> tuple:
-        return self.FINAL + self.extra
-
-    def final(self, name: str) -> str:
-        return join(self.folder, name)
-
-    def temp(self, name: str) -> str:
-        return join(self.tmp, name)
-
-    def prepare(self) -> None:
-        try:
-            if not FileSystems.exists(self.folder):
-                FileSystems.mkdirs(self.folder)
-            delete_if_exists([self.final(n) for n in self.names])
-            FileSystems.mkdirs(self.tmp)
-        except Exception as error:
-            raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
-
-    def finish(self, run_info: dict) -> None:
-        """Move rejected.jsonl into place, write run.json, then metrics.jsonl last, so that a
-        metrics.jsonl never exists without the run.json that describes it."""
-        move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
-        for name in self.extra:
-            move(self.temp(name), self.final(name))
-        write_json(run_info, self.final("run.json"))
-        move(self.temp("metrics.jsonl"), self.final("metrics.jsonl"))
-        self.cleanup()
-
-    def fail(self, run_info: dict) -> None:
-        """Leave only run.json (status failed) and rejected.jsonl if it was written."""
-        try:
-            if self._exists(self.temp("rejected.jsonl")):
-                move(self.temp("rejected.jsonl"), self.final("rejected.jsonl"))
-            write_json(run_info, self.final("run.json"))
-        finally:
-            self.cleanup()
-
-    def read_temp_json(self, name: str):
-        return read_json(self.temp(name))
-
-    def cleanup(self) -> None:
-        try:
-            if FileSystems.exists(self.tmp):
-                FileSystems.delete([self.tmp])
-        except Exception:  # leftovers are hidden, and a later run ignores them
-            pass
-
-    @staticmethod
-    def _exists(path: str) -> bool:
-        return FileSystems.exists(path)
-
-
-def first_records(path: str, n: int) -> list[dict]:
-    """The first n JSON lines of a file."""
-    out = []
-    with FileSystems.open(path) as stream:
-        for line in stream:
-            if len(out) >= n:
-                break
-            out.append(json.loads(line))
-    return out
-
-
-def source_counts(stats: list, names: list[str]) -> dict:
-    """{source: {rows_read, rows_evaluated, rows_rejected}} from ((counter, source), n) pairs."""
-    counts = {name: {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0} for name in names}
-    for (counter, source), value in stats:
-        counts.setdefault(source, {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0})
-        counts[source][counter] += value
-    return counts
-
-
-def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,
-                 run_info: dict, started: float, allowed_rejected_fraction: float,
-                 n_scores: int | None = None) -> dict:
-    """The last step of a pipeline: check the counts, publish the outputs, return run.json.
-
-    Runs inside the pipeline (after both outputs are written), so a job launched without a
-    waiting client (a Dataflow flex template) still publishes complete outputs."""
-    counts = source_counts(stats, run_info["sources"])
-    for name, c in counts.items():
-        if c["rows_read"] != c["rows_evaluated"] + c["rows_rejected"]:
-            raise RuntimeError(f"the row counts of {name} do not add up: {c}")
-    read = sum(c["rows_read"] for c in counts.values())
-    rejected = sum(c["rows_rejected"] for c in counts.values())
-    if rejected != n_rejected:
-        raise RuntimeError(f"{n_rejected} rejected rows were written but {rejected} were counted")
-    within = rejected == 0 or (read > 0 and rejected / read <= allowed_rejected_fraction)
-    info = dict(run_info)
-    info.update(
-        status="complete" if within else "complete_with_rejections",
-        counts=counts, rows_read=read, rows_rejected=rejected, metrics_written=n_metrics,
-        first_rejections=first_records(folder.temp("rejected.jsonl"), 3),
-        outputs={name: folder.final(name) for name in folder.names},
-        wall_time_seconds=round(time.time() - started, 3),
-    )
-    if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
-        info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores
-    folder.finish(info)
-    return info

@@ -1,0 +1,158 @@
+"""Untrusted JSON rows, parsed so that one hostile row costs bounded work and never crashes a run.
+
+What a row may not do, and what each reader does instead (reject the row with the reason):
+- nest deeper than MAX_NESTING levels. Rows of every task are at most about 8 levels deep
+  (a multipolygon inside an annotation inside a row); Python's json raises RecursionError near
+  1,000 levels and Arrow's JSON reader overflows its stack (a segfault) near 20,000, so depth is
+  checked on the raw bytes before either parser sees them;
+- be longer than the reader's line limit (see iter_lines: the rest of the line is skipped, not
+  held in memory);
+- hold a lone UTF-16 surrogate (`"\\ud800"`): valid JSON, but not text, so it could be neither
+  written to UTF-8 outputs nor matched by the regular expressions of the rule metrics;
+- slice on a value that is not finite (NaN, Infinity): JSON outputs cannot carry it
+  (slice_value_problem).
+
+All checks are pure functions of bytes or parsed values; nothing here imports Beam.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import BinaryIO, Iterator
+
+import numpy as np
+
+MAX_NESTING = 64
+BOM = b"\xef\xbb\xbf"
+_OPEN = (ord("{"), ord("["))
+_CLOSE = (ord("}"), ord("]"))
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def nesting_depth(raw: bytes) -> int:
+    """Deepest nesting of objects and arrays in one line of JSON text, brackets inside strings
+    not counted (a quote preceded by an odd run of backslashes is escaped). For text that is not
+    valid JSON the number is still defined and bounded by the count of opening brackets."""
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if not buf.size:
+        return 0
+    backslash = buf == ord("\\")
+    index = np.arange(buf.size)
+    # length of the run of backslashes ending just before each position
+    last_other = np.maximum.accumulate(np.where(backslash, -1, index))
+    run_before = np.r_[0, (index - last_other)[:-1]]
+    quote = (buf == ord('"')) & (run_before % 2 == 0)
+    inside = (np.cumsum(quote) - quote) % 2 == 1       # strictly inside a string
+    step = np.zeros(buf.size, dtype=np.int64)
+    step[np.isin(buf, _OPEN) & ~inside] = 1
+    step[np.isin(buf, _CLOSE) & ~inside] = -1
+    return int(max(0, np.cumsum(step).max()))
+
+
+def too_deep(raw: bytes, limit: int = MAX_NESTING) -> bool:
+    """True when the line nests deeper than limit. Counting opening brackets first (a C-speed
+    scan) settles almost every line: depth can never exceed their number."""
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return False
+    return nesting_depth(raw) > limit
+
+
+def lone_surrogate(value) -> str | None:
+    """Where a parsed JSON value holds a lone surrogate ("the value of 'response'"), or None."""
+    stack = [(value, "the row")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if _LONE_SURROGATE.search(key):
+                    return f"a key of {where}"
+                stack.append((inner, f"the value of {key!r}"))
+        elif isinstance(item, list):
+            stack.extend((inner, where) for inner in item)
+    return None
+
+
+def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
+    """Parse one untrusted JSON line: (value, None), or (None, reason) for a line that is not
+    JSON, nests deeper than `limit`, or holds a lone surrogate. Blank input is not a row; the
+    callers skip it before."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if raw.startswith(BOM):
+        raw = raw[len(BOM):]
+    if too_deep(raw, limit):
+        return None, f"JSON nested deeper than {limit} levels"
+    try:
+        value = json.loads(raw)
+    except RecursionError:   # unreachable after too_deep; kept so no parse can ever crash
+        return None, f"JSON nested deeper than {limit} levels"
+    except (ValueError, UnicodeDecodeError) as error:
+        return None, f"malformed JSON: {error}"
+    if _SURROGATE_ESCAPE.search(raw):
+        where = lone_surrogate(value)
+        if where is not None:
+            return None, (f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 "
+                          "without its pair): not valid Unicode text")
+    return value, None
+
+
+def slice_value_problem(key: str, value) -> str | None:
+    """Why a metadata value cannot name a slice (it holds NaN or an infinity, which JSON outputs
+    cannot carry), or None. Strings, finite numbers, booleans, null, lists and objects of them
+    are fine."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return (f"metadata {key!r} is {item!r}: a slice value must be a string, a finite "
+                    "number, a boolean or null")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def iter_lines(stream: BinaryIO, max_line_bytes: int, chunk_size: int = 8 << 20,
+               ) -> Iterator[tuple[int, bytes | None]]:
+    """(1-based line number, line bytes without the newline) of every line of a stream; None
+    instead of the bytes for a line longer than max_line_bytes, which is skipped without being
+    held in memory. A UTF-8 byte order mark at the start is dropped."""
+    number, rest, skipping, first = 1, b"", False, True
+    while True:
+        chunk = stream.read(chunk_size)
+        if not chunk:
+            break
+        if first:
+            chunk = chunk[len(BOM):] if chunk.startswith(BOM) else chunk
+            first = False
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if skipping:
+                yield number, None
+                skipping = False
+            elif len(rest) + end - start > max_line_bytes:
+                yield number, None
+            else:
+                yield number, rest + chunk[start:end]
+            rest = b""
+            number += 1
+            start = end + 1
+        tail = chunk[start:]
+        if skipping or len(rest) + len(tail) > max_line_bytes:
+            skipping, rest = True, b""
+        else:
+            rest += tail
+    if skipping:
+        yield number, None
+    elif rest:
+        yield number, rest
