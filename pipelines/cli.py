@@ -19,12 +19,17 @@ See the README for input formats, options and outputs."""
 
 
 def quiet_logs() -> None:
-    """Beam logs warnings of optional cloud clients on import; a CLI user needs none of them.
-    EVALBEAM_LOG_LEVEL (e.g. INFO) brings them back."""
+    """Beam logs warnings of optional cloud clients on import, and tracebacks of failing steps;
+    a CLI user needs none of them. EVALBEAM_LOG_LEVEL (e.g. INFO) brings them back."""
     import logging
     import os
 
-    logging.getLogger().setLevel(os.environ.get("EVALBEAM_LOG_LEVEL", "ERROR").upper())
+    level = os.environ.get("EVALBEAM_LOG_LEVEL")
+    logging.getLogger().setLevel((level or "ERROR").upper())
+    if level is None:
+        # Beam logs a failing step's traceback at ERROR; the launcher says what failed in one
+        # paragraph (and run.json records it), so by default the traceback is not shown.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> None:

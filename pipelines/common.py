@@ -12,6 +12,7 @@ judge calls that failed; run.json's "problems" say which).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -22,7 +23,7 @@ from importlib import metadata
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 2, 3, 4
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-SECRET_WORDS = ("key", "token", "secret", "password", "credential")
+SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
 
 
 class UsageError(Exception):
@@ -90,8 +91,9 @@ def split_beam_args(rest: list[str]) -> list[str]:
     except Exception:  # Beam's private parser changed: let Beam itself warn
         return rest
     if unknown:
-        raise UsageError(f"unknown option(s) {unknown}: see 'evalbeam classification --help' and "
-                         "Beam's pipeline options")
+        # the values of options named like secrets stay out of the message (and the logs)
+        raise UsageError(f"unknown option(s) {' '.join(safe_beam_args(unknown))}: see the "
+                         "command's --help, and Beam's pipeline options")
     return rest
 
 
@@ -203,6 +205,49 @@ def local_pipeline(args: list[str] | None = None):
     return make_pipeline(PipelineOptions(list(args or [])))
 
 
+def _multi_process(options) -> bool:
+    all_options = options.get_all_options()
+    runner = (all_options.get("runner") or "direct").lower()
+    return runner in ("direct", "directrunner") and \
+        all_options.get("direct_running_mode") == "multi_processing"
+
+
+@contextlib.contextmanager
+def worker_stderr_filtered(enabled: bool, keep_progress: bool):
+    """On the multi-process DirectRunner, pass the worker processes' standard error through a
+    filter while the pipeline runs: only evalbeam's own lines ("evalbeam: ...", the progress)
+    go on, and none with --quiet. The workers inherit stderr, and Beam's worker start-up logs
+    at INFO, warns about optional cloud clients and prints a failing step's traceback before or
+    regardless of any level set by options; the launcher reports failures in one paragraph
+    after the run, with stderr restored. EVALBEAM_LOG_LEVEL set: nothing is filtered."""
+    if not enabled or os.environ.get("EVALBEAM_LOG_LEVEL"):
+        yield
+        return
+    import threading
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+
+    def relay():
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if keep_progress and line.startswith(b"evalbeam: "):
+                    os.write(saved, line)
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    try:
+        os.dup2(write_end, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(write_end)
+        thread.join(timeout=10)
+        os.close(saved)
+
+
 def _inputs_of(sources: dict) -> list[str]:
     return [path for source in sources.values() for path in source.files]
 
@@ -267,11 +312,13 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
     try:
         pipeline = make_pipeline(options)
         build(pipeline, sources, num_shards, folder, run_info)
-        pipeline.run().wait_until_finish()
+        with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
+            pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
         text = str(error)
         if READ_ERROR in text:   # an input that broke off while being read: not a bug
-            reason = text[text.index(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
+            reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
+            reason = re.sub(r" \[while running '.*'\]$", "", reason)
             code, kind = EXIT_USAGE, "an input could not be read"
         else:
             reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"

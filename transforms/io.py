@@ -351,7 +351,7 @@ class ReadRows(ProgressDoFn):
         position = position_name(path)
         slice_keys = self.slice_keys if name == "groundtruths" else []
         read = 0
-        with FileSystems.open(path) as stream:
+        with open_input(path) as stream:
             if format_of(path) == "parquet":
                 tables = ((table, []) for table in parquet_tables(stream, schema, slice_keys))
             else:

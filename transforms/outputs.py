@@ -223,11 +223,19 @@ class OutputFolder:
         self.cleanup()
 
     def fail(self, run_info: dict) -> None:
-        """Leave run.json (status failed, with the reason) and rejected.jsonl if it was written."""
+        """Leave run.json (status failed, with the reason) and rejected.jsonl if it was written;
+        remove whatever else this run had published already (a failure during publishing must
+        not leave a metrics.jsonl behind)."""
         files = {}
         try:
+            mine = _read_own_run_json(self.final("run.json")) or {"files": {}}
+            published = [self.final(n) for n in mine["files"]
+                         if n not in ("run.json", "rejected.jsonl") and _exists(self.final(n))]
+            if published:
+                FileSystems.delete(published)
             if FileSystems.exists(self.temp("rejected.jsonl")):
                 FileSystems.rename([self.temp("rejected.jsonl")], [self.final("rejected.jsonl")])
+            if "rejected.jsonl" in mine["files"] or _exists(self.final("rejected.jsonl")):
                 files["rejected.jsonl"] = _size(self.final("rejected.jsonl"))
             self._write_run_json(dict(run_info, status=FAILED, files=files))
         finally:
