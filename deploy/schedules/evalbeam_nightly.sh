@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Nightly evalbeam run for cron (see crontab.example): one output folder per date, one log file per
 # run, and evalbeam's exit code passed through unchanged. evalbeam exits non-zero when the run
-# failed or when it rejected more input rows than --max_rejected_fraction allows; this script then
-# exits with the same code and prints one line to stderr, which cron mails to MAILTO.
+# failed (2: unusable input, 3: pipeline failure), rejected more input rows than
+# --max_rejected_fraction allows (1) or could not compute what was asked (4: every row of a source
+# rejected, judge calls failed, ...); this script then exits with the same code and prints one
+# line to stderr, which cron mails to MAILTO.
 #
 # Usage: evalbeam_nightly.sh [CONFIG_FILE]
 #   CONFIG_FILE (or $EVALBEAM_NIGHTLY_CONFIG) is a bash file sourced here: see nightly.env.example.
@@ -66,10 +68,11 @@ for p in "${predictions[@]}"; do
 done
 cmd+=(--output "${output}" ${extra_args[@]+"${extra_args[@]}"})
 
-# A completed run publishes metrics.jsonl last, so its presence means this date is done. Only
-# checked for local outputs; for gs:// or s3:// outputs, check before rerunning by hand.
-if [[ "${output}" != *://* && -e "${output}/metrics.jsonl" && -z "${FORCE:-}" ]]; then
-  echo "$(date -u +%FT%TZ) ${output}/metrics.jsonl exists: nothing to do (FORCE=1 reruns)"
+# A run is done when its run.json, written last, says "complete" (a killed run leaves "running",
+# a failed one "failed"). Only checked for local outputs; for gs:// or s3:// outputs, check before
+# rerunning by hand. A rerun replaces evalbeam's own earlier outputs in the folder.
+if [[ "${output}" != *://* && -z "${FORCE:-}" ]] && grep -Eq '^  "status": "complete",?$' "${output}/run.json" 2>/dev/null; then
+  echo "$(date -u +%FT%TZ) ${output}/run.json says complete: nothing to do (FORCE=1 reruns)"
   exit 0
 fi
 
@@ -97,6 +100,6 @@ set -e
 
 echo "=== $(date -u +%FT%TZ) end ${TASK} ${RUN_DATE} exit ${rc}" >>"${log}"
 if (( rc != 0 )); then
-  echo "evalbeam ${TASK} for ${RUN_DATE} exited with ${rc} (failed, or too many rejected inputs): see ${log}" >&2
+  echo "evalbeam ${TASK} for ${RUN_DATE} exited with ${rc} (1 too many rejected rows, 2 unusable input, 3 failed, 4 incomplete): see ${log}" >&2
 fi
 exit "${rc}"

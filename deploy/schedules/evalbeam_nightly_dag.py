@@ -8,8 +8,9 @@ by evalbeam itself, and only its syntax is checked here.
 - Dates: `{{ ds }}` is the run's logical date (YYYY-MM-DD); it names the output folder and replaces
   {run_date} in the input paths, so a backfill or a cleared task rewrites that day and no other.
 - Failures: BashOperator fails the task when the command exits non-zero. evalbeam exits non-zero when
-  the run fails or when it rejected more input rows than --max_rejected_fraction allows, so either
-  marks the task failed and reaches your alerting (on_failure_callback, e-mail, ...).
+  the run fails, when it rejected more input rows than --max_rejected_fraction allows, or when it
+  could not compute what was asked (exit 4, run.json status "incomplete"), so each marks the task
+  failed and reaches your alerting (on_failure_callback, e-mail, ...).
 - Secrets: bash_command is rendered and shown in the UI ("Rendered Template") and in the task log.
   Never put an API key in it. With `env` unset, BashOperator passes the worker's environment through,
   so API keys (later LLM-judge tasks) come from the worker's environment or your secrets backend.
