@@ -117,3 +117,15 @@ def test_a_bom_at_the_start_of_a_jsonl_file_is_not_a_bad_row(tmp_path):
     assert run_classification(["--groundtruths", g, "--predictions", f"m={p}", "--output",
                                tmp_path / "out", "--quiet"]) == 0
     assert read_jsonl(tmp_path / "out" / "rejected.jsonl") == []
+
+
+def test_a_pipe_given_as_input_stops_at_once(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "gt.jsonl")               # nobody writes: reading it would hang
+    p = write_jsonl(tmp_path / "p.jsonl", [pred(0, "cat")])
+    result = run_cli_subprocess(["classification", "--groundtruths", tmp_path / "gt.jsonl",
+                                 "--predictions", f"m={p}", "--output", tmp_path / "out"],
+                                timeout=60)
+    assert result.returncode == 2 and "not a regular file" in result.stderr
+    assert not (tmp_path / "out").exists()

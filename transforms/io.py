@@ -63,12 +63,6 @@ class _StrictDeflate:
     def close(self):
         self.raw.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 READ_ERROR = "evalbeam input error: "
 # The longest input line a reader holds in memory; a longer one is rejected as a row (and
@@ -223,7 +217,7 @@ def wrong_task_message(path: str, name: str, fields, task: str | None) -> str | 
             f"{task} rows: evaluate it with 'evalbeam {other}'.")
 
 
-def head_lines(stream, n: int = 100, max_bytes: int = 64 << 20) -> list[bytes]:
+def head_lines(stream, n: int = 100, max_bytes: int = MAX_ROW_BYTES) -> list[bytes]:
     """The first n non-blank lines of a stream (a line longer than max_bytes, or a last line cut
     by that limit, is left out), read no further than needed."""
     from schemas.safe_json import iter_lines

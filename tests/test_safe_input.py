@@ -1,0 +1,102 @@
+"""The pieces every reader uses on untrusted input: schemas.safe_json (depth, surrogates, slice
+values, bounded lines) and transforms.io.open_input (strict decompression, regular files only)."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import zlib
+
+import pytest
+
+from schemas.safe_json import (iter_lines, loads_row, lone_surrogate, nesting_depth,
+                               slice_value_problem, too_deep)
+from transforms.io import ReadError, open_input
+
+
+def naive_depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max((naive_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((naive_depth(v) for v in value), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": [1, 2, {"b": []}]}', '[]', '"just a string"', '3', '{"s": "[[[[{{{{"}',
+    '{"s": "]]]]}}}}", "t": [[[[1]]]]}', '{"q": "a \\" [ quote", "r": [[2]]}',
+    '{"bs": "\\\\", "x": [[[]]]}', '{"bs": "\\\\\\"[[[[", "x": [1]}',
+])
+def test_nesting_depth_ignores_brackets_inside_strings(text):
+    assert nesting_depth(text.encode()) == naive_depth(json.loads(text))
+
+
+def test_hostile_depths_are_rejected_before_any_parser():
+    for depth in (65, 2_000, 100_000):
+        raw = ("[" * depth + "]" * depth).encode()
+        assert too_deep(raw)
+        value, reason = loads_row(raw)
+        assert value is None and "nested deeper than 64" in reason
+    # closing brackets hidden in a string do not hide the real nesting that follows
+    raw = ('{"x": "' + "]" * 5000 + '", "y": ' + "[" * 5000 + "]" * 5000 + "}").encode()
+    assert nesting_depth(raw) == 5001 and loads_row(raw)[0] is None
+    ok = ('{"labels": [' + ", ".join(['{"k": [1, 2]}'] * 500) + "]}").encode()
+    assert not too_deep(ok) and loads_row(ok)[1] is None     # many brackets, shallow
+
+
+def test_lone_surrogates_are_rejected_and_pairs_are_text():
+    value, reason = loads_row(b'{"response": "ok \\ud800 then"}')
+    assert value is None and "'response'" in reason and "surrogate" in reason
+    value, reason = loads_row(b'{"response": "smile \\ud83d\\ude00"}')
+    assert reason is None and value["response"] == "smile \U0001F600"
+    assert lone_surrogate({"a": ["x", {"b": "\udfff"}]}) == "the value of 'b'"
+    assert lone_surrogate({"\ud800": 1}) == "a key of the row"
+    assert loads_row(b"\xef\xbb\xbf" + b'{"a": 1}') == ({"a": 1}, None)     # BOM
+
+
+def test_slice_values_must_be_finite():
+    assert slice_value_problem("r", "north") is None
+    assert slice_value_problem("r", {"a": [1, 2.5, None, True]}) is None
+    assert "NaN" in slice_value_problem("r", float("nan")) or "nan" in slice_value_problem("r", float("nan"))
+    assert "inf" in slice_value_problem("r", [1, float("-inf")])
+    assert loads_row(b'{"metadata": {"r": NaN}}')[0]["metadata"]["r"] != 0   # parsed; checked later
+
+
+def test_iter_lines_bounds_a_line_without_holding_it():
+    lines = [b"a" * 10, b"b" * 5000, b"", b"c" * 7, b"d" * 3000]
+    data = b"\n".join(lines)                       # the last line has no newline
+    for chunk in (1, 7, 64, 1 << 20):
+        out = list(iter_lines(io.BytesIO(data), 100, chunk_size=chunk))
+        assert out == [(1, b"a" * 10), (2, None), (3, b""), (4, b"c" * 7), (5, None)], chunk
+
+
+COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+               ".deflate": zlib.compress}
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
+def test_open_input_refuses_truncated_compressed_files(tmp_path, suffix):
+    data = b"".join(b'{"datum_uid": "d%d"}\n' % i for i in range(20_000))
+    whole = COMPRESSORS[suffix](data)
+    (tmp_path / f"whole.jsonl{suffix}").write_bytes(whole)
+    with open_input(str(tmp_path / f"whole.jsonl{suffix}")) as stream:
+        assert stream.read() == data
+    (tmp_path / f"cut.jsonl{suffix}").write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(ReadError, match="does not end as a complete compressed file"):
+        with open_input(str(tmp_path / f"cut.jsonl{suffix}")) as stream:
+            while stream.read(1 << 16):
+                pass
+
+
+def test_open_input_refuses_pipes_and_devices(tmp_path):
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        with pytest.raises(ReadError, match="not a regular file"):
+            open_input(path)
+    with pytest.raises(ReadError, match="cannot open"):
+        open_input(str(tmp_path / "absent.jsonl"))
