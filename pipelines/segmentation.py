@@ -1,7 +1,8 @@
 """`evalbeam segmentation`: semantic segmentation metrics on Apache Beam, end to end.
 
     evalbeam segmentation --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
-        [--label_names MAP] [--ignore_id ID] [options] [Beam pipeline options]
+        [--label_names MAP] [--ignore_id ID] [--max_image_pixels N] [--max_mask_bytes N]
+        [--max_labels N] [options] [Beam pipeline options]
     python -m pipelines.segmentation ...   (same flags)
 """
 
@@ -16,6 +17,7 @@ from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_
                               parse_models, parse_optional_number, parse_slices, run_job, say_error,
                               split_beam_args)
 from schemas.formats import format_of
+from schemas.limits import MAX_IMAGE_PIXELS, MAX_LABELS, MAX_MASK_BYTES, MAX_RLE_PIXELS
 
 TASK = "segmentation"
 RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
@@ -42,6 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="label-map id meaning 'no label' in ground truth and predictions "
                              "alike (Valor's background: counted in Accuracy, the source of "
                              "unmatched pixels; default none)")
+    parser.add_argument("--max_image_pixels", type=int, default=MAX_IMAGE_PIXELS, metavar="N",
+                        help="largest image a row may hold, in pixels (height x width of its "
+                             "shape, RLEs, masks and label map; default 100000000: about 0.4-0.8 "
+                             "GB per worker while such a datum is matched); larger rows are rejected")
+    parser.add_argument("--max_mask_bytes", type=int, default=MAX_MASK_BYTES, metavar="N",
+                        help="most bytes read from one mask or label-map file (default 268435456, "
+                             "256 MiB); larger files are rejected")
+    parser.add_argument("--max_labels", type=int, default=MAX_LABELS, metavar="N",
+                        help="most distinct labels in a run (default 2000): each (model, slice) "
+                             "keeps a (labels + 1)^2 pixel matrix; more stop the run")
     return parser
 
 
@@ -50,12 +62,14 @@ def parse_label_names(text: str | None) -> dict[int, str] | None:
     if text is None:
         return None
     if text.lower().endswith(".json"):
-        from transforms.io import read_json
+        from transforms.io import open_input
 
         try:
-            value = read_json(text)
+            with open_input(text) as stream:   # a regular file, never a FIFO or a device
+                value = json.loads(stream.read().decode("utf-8"))
         except Exception as error:
-            raise UsageError(f"cannot read --label_names file {text}: {error}") from None
+            raise UsageError(f"cannot read --label_names file {text}: "
+                             f"{getattr(error, 'message', error)}") from None
         items = list(enumerate(value)) if isinstance(value, list) else \
             list(value.items()) if isinstance(value, dict) else None
         if items is None:
@@ -102,27 +116,36 @@ def parse_args(argv: list[str]):
                              f"({label_names[value]!r}); pick another id or 'none'")
     if ignore_id is not None and ignore_id == unlabeled_id:
         raise UsageError("--ignore_id and --unlabeled_id must differ")
+    if not 1 <= args.max_image_pixels <= MAX_RLE_PIXELS:
+        raise UsageError(f"--max_image_pixels must lie in [1, {MAX_RLE_PIXELS}] (pycocotools' "
+                         f"RLE run lengths are 32-bit); got {args.max_image_pixels}")
+    for flag, value in (("--max_mask_bytes", args.max_mask_bytes), ("--max_labels", args.max_labels)):
+        if value < 1:
+            raise UsageError(f"{flag} must be 1 or more; got {value}")
     ids = {"ignore_id": ignore_id, "unlabeled_id": unlabeled_id}
     return args, label_names, ids, parse_models(args.predictions), parse_slices(args.slice), beam_args
 
 
-def _first_row(path: str):
-    """The first row of a JSONL or Parquet file (None if there is none or it is not JSON)."""
-    from apache_beam.io.filesystems import FileSystems
+def limits_of(args) -> dict:
+    return {"max_image_pixels": args.max_image_pixels, "max_mask_bytes": args.max_mask_bytes,
+            "max_labels": args.max_labels}
 
-    with FileSystems.open(path) as stream:
+
+def _first_row(path: str):
+    """The first row of a JSONL or Parquet file (None if there is none or it is not usable JSON:
+    too deep, too long or malformed lines are the readers' to reject, not a reason to stop)."""
+    from schemas.safe_json import loads_row
+    from transforms.io import head_lines, open_input
+
+    with open_input(path) as stream:
         if format_of(path) == "parquet":
             import pyarrow.parquet as pq
 
-            table = pq.ParquetFile(stream).read_row_group(0) if pq.ParquetFile(stream).num_row_groups else None
+            parquet = pq.ParquetFile(stream)
+            table = parquet.read_row_group(0) if parquet.num_row_groups else None
             return table.slice(0, 1).to_pylist()[0] if table is not None and table.num_rows else None
-        for line in stream.read(1 << 20).split(b"\n"):
-            if line.strip():
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    return None
-    return None
+        lines = head_lines(stream, 1)
+    return loads_row(lines[0])[0] if lines else None
 
 
 def check_source(name: str, source, label_names) -> None:
@@ -132,7 +155,7 @@ def check_source(name: str, source, label_names) -> None:
         if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
             raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file of "
                              "segmentation rows; see the README for the format.")
-    preflight(source, None, ("datum_uid",), [])
+    preflight(source, None, ("datum_uid",), [], task=TASK)
     if label_names is None:
         for path in source.files:
             row = _first_row(path)
@@ -142,18 +165,21 @@ def check_source(name: str, source, label_names) -> None:
                                  "--label_names 0=road,1=car or --label_names names.json.")
 
 
-def build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shards, folder,
+def build_pipeline(pipeline, sources, models, slices, label_names, ids, limits, num_shards, folder,
                    quiet, started, run_info, max_rejected_fraction):
+    """limits: {"max_image_pixels", "max_mask_bytes", "max_labels"} (parse_args)."""
     import apache_beam as beam
 
+    from schemas.limits import ImageLimits
     from transforms.classification import reject_sort_key
     from transforms.io import WriteJsonl
     from transforms.outputs import finalize_run
     from transforms.segmentation import EvaluateSegmentationFiles
 
-    metrics, rejected, stats = pipeline | "Segmentation" >> EvaluateSegmentationFiles(
+    metrics, rejected, stats, problems = pipeline | "Segmentation" >> EvaluateSegmentationFiles(
         sources, sorted(models), slices, label_names, ids["ignore_id"], num_shards, quiet, started,
-        ids["unlabeled_id"])
+        ids["unlabeled_id"], ImageLimits(limits["max_image_pixels"], limits["max_mask_bytes"]),
+        limits["max_labels"])
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     _ = (stats
@@ -161,7 +187,7 @@ def build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shar
          | "GatherStats" >> beam.combiners.ToList()
          | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction))
+                                 max_rejected_fraction, problems=beam.pvalue.AsList(problems)))
 
 
 def record_sort_key(record: dict):
@@ -180,8 +206,8 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     def build(pipeline, sources, num_shards, folder, run_info):
-        build_pipeline(pipeline, sources, models, slices, label_names, ids, num_shards, folder,
-                       args.quiet, started, run_info, args.max_rejected_fraction)
+        build_pipeline(pipeline, sources, models, slices, label_names, ids, limits_of(args),
+                       num_shards, folder, args.quiet, started, run_info, args.max_rejected_fraction)
 
     def summarize(metrics_path, counts):
         from pipelines.summary import segmentation_summary
@@ -190,7 +216,7 @@ def run(argv: list[str] | None = None) -> int:
 
     return run_job(TASK, args, models, slices, beam_args,
                    {"label_names": {str(k): v for k, v in sorted((label_names or {}).items())},
-                    **ids},
+                    **ids, **limits_of(args)},
                    lambda name, source: check_source(name, source, label_names), build, summarize,
                    started, min_shards=MIN_SHARDS)
 

@@ -9,6 +9,11 @@ bitmask (non-zero = inside) named by URI; a label map is a single-channel PNG / 
 (named by --label_names). Relative URIs are relative to the folder of the file holding the row.
 What can only be checked on the pixels (mask sizes, overlapping ground truth, unknown ids,
 unreadable files) is checked by the matching step, which decodes them.
+
+Bounds (schemas/limits.py): a row's shape and every RLE size are at most `max_pixels`
+(--max_image_pixels), checked here before anything is decoded; a row holds at most
+MAX_SEGMENTS_PER_ROW segments; a --slice metadata value must be JSON-writable (no NaN or
+Infinity).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import posixpath
 from dataclasses import dataclass, field
 
 from schemas.coco import rle_problem
+from schemas.limits import MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem
 from schemas.rows import canonical_json
+from schemas.safe_json import slice_value_problem
 
 
 @dataclass
@@ -49,14 +56,21 @@ def resolve_uri(uri: str, row_file: str) -> str:
     return os.path.join(os.path.dirname(row_file), uri)
 
 
-def _shape_problem(shape) -> str | None:
+def _shape_problem(shape, max_pixels: int) -> str | None:
     if not (isinstance(shape, list) and len(shape) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
         return "shape must be [height, width] with positive integers"
-    return None
+    return image_size_problem(shape[0], shape[1], max_pixels, "shape")
 
 
-def _segment_problem(segment, shape) -> str | None:
+def _segments_problem(segments: list, shape, max_pixels: int) -> str | None:
+    if len(segments) > MAX_SEGMENTS_PER_ROW:
+        return (f"a row holds at most {MAX_SEGMENTS_PER_ROW:,} segments (one per label); this one "
+                f"has {len(segments):,}")
+    return next((p for p in (_segment_problem(s, shape, max_pixels) for s in segments) if p), None)
+
+
+def _segment_problem(segment, shape, max_pixels: int) -> str | None:
     if not isinstance(segment, dict):
         return "each segment must be an object"
     label = segment.get("label")
@@ -68,7 +82,7 @@ def _segment_problem(segment, shape) -> str | None:
     if has_uri:
         uri = segment["mask_uri"]
         return None if isinstance(uri, str) and uri else "mask_uri must be a non-empty string"
-    problem = rle_problem(segment["rle"])
+    problem = rle_problem(segment["rle"], max_pixels)
     if problem:
         return f"rle: {problem}"
     if list(segment["rle"]["size"]) != list(shape):
@@ -76,8 +90,10 @@ def _segment_problem(segment, shape) -> str | None:
     return None
 
 
-def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slice_keys: list[str]):
-    """([SegmentRow], [(position, uid or None, reason)]) from parsed rows of one file."""
+def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slice_keys: list[str],
+                 max_pixels: int = MAX_IMAGE_PIXELS):
+    """([SegmentRow], [(position, uid or None, reason)]) from parsed rows of one file; max_pixels
+    bounds the row's shape and its RLE sizes (--max_image_pixels)."""
     good, bad = [], []
     for row, position in zip(rows, positions):
         uid = row.get("datum_uid") if isinstance(row, dict) else None
@@ -93,18 +109,19 @@ def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slic
             if not isinstance(uri, str) or not uri:
                 problem = "label_map_uri must be a non-empty string"
             elif row.get("shape") is not None:
-                problem = _shape_problem(row["shape"])
+                problem = _shape_problem(row["shape"], max_pixels)
         elif not isinstance(row.get("segments"), list):
             problem = "missing segments (or label_map_uri)"
         else:
-            problem = _shape_problem(row.get("shape"))
-            if problem is None:
-                problem = next((p for p in (_segment_problem(s, row["shape"]) for s in row["segments"])
-                                if p), None)
+            problem = (_shape_problem(row.get("shape"), max_pixels)
+                       or _segments_problem(row["segments"], row["shape"], max_pixels))
+        if problem is None:   # the row is an object: its slice values must be JSON-writable
+            metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+            problem = next((p for p in (slice_value_problem(k, metadata.get(k)) for k in slice_keys)
+                            if p), None)
         if problem:
             bad.append((position, uid if isinstance(uid, str) else None, problem))
             continue
-        metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
         shape = tuple(row["shape"]) if row.get("shape") is not None else None
         if row.get("label_map_uri") is not None:
             segments, label_map = [], resolve_uri(row["label_map_uri"], file_path)

@@ -55,6 +55,23 @@ def test_pixel_confusion_equals_sklearn(seed, dtype):
     assert np.array_equal(alone[:, 0], expected.sum(axis=1)) and alone[:, 1:].sum() == 0
 
 
+@pytest.mark.parametrize("dtypes", [(np.uint8, np.uint8), (np.uint16, np.uint8), (np.int32, np.int32)])
+def test_pair_counts_in_chunks_equal_all_at_once(dtypes):
+    """Large images are counted a chunk at a time (bounded memory): the same pairs and counts,
+    with chunk boundaries inside rows and a last chunk shorter than the others."""
+    from transforms.kernels.segmentation import pair_counts
+
+    rng = np.random.default_rng(7)
+    g = rng.integers(0, 6, (37, 41)).astype(dtypes[0])
+    p = rng.integers(0, 4, (37, 41)).astype(dtypes[1])
+    for prediction in (p, None):
+        whole = pair_counts(g, prediction, chunk=g.size)
+        for chunk in (1, 100, 1000):
+            parts = pair_counts(g, prediction, chunk=chunk)
+            order = np.lexsort((parts[1], parts[0]))
+            assert all(np.array_equal(a[order], b) for a, b in zip(parts, whole)), (chunk, prediction is None)
+
+
 def test_unknown_ids_are_reported_by_side():
     table = np.array([UNLABELED, 0, 1, -3], dtype=np.int32)     # id 3 names nothing
     ok = np.array([[0, 1], [2, 2]], np.uint8)
@@ -336,8 +353,9 @@ def test_bad_rows_are_rejected_with_their_reason(tmp_path):
     assert found[("groundtruths", 2)] == "ground-truth segments overlap on 8 pixels (each pixel takes one label)"
     assert "mask shape [4, 5] differs from the row's shape [4, 4]" in found[("groundtruths", 3)]
     assert "RGB image" in found[("groundtruths", 4)]
-    assert "not a readable image" in found[("groundtruths", 5)]
-    assert "cannot read" in found[("groundtruths", 6)] and "nowhere.png" in found[("groundtruths", 6)]
+    assert found[("groundtruths", 5)] == (f"segment 0 (a): mask_uri {tmp_path / 'junk.png'} is not a PNG "
+                                          "or .npy image (nor another image format Pillow reads)")
+    assert found[("groundtruths", 6)] == f"segment 0 (a): mask_uri: cannot open {tmp_path / 'nowhere.png'}: No such file or directory"
     assert found[("groundtruths", 7)] == "rle size [4, 4] differs from the row's shape [4, 5]"
     assert found[("groundtruths", 8)] == "shape must be [height, width] with positive integers"
     assert "not both" in found[("groundtruths", 9)]

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 
+from schemas.limits import MAX_LABELS, ImageLimits
 from schemas.mask_files import MaskFileError, read_array
 from schemas.rows import canonical_json, reject
 from schemas.formats import position_name
 from schemas.segmentation_rows import SegmentRow, segment_rows
-from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, parse_rows,
-                           read_pcollections, unique_rows)
+from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadError, ReadFiles,
+                           parse_rows, read_pcollections, unique_rows)
 from transforms.kernels.hashing import uid_shards
 from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
@@ -56,11 +57,13 @@ class ReadSegmentationFile(ProgressDoFn):
     """(source name, file id) -> (shard, (source, [SegmentRow])) pieces; rejects and stats
     tagged; TAG_LABELS: the set of segment labels seen."""
 
-    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
+                 limits: ImageLimits = ImageLimits()):
         super().__init__(quiet, started)
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
+        self.limits = limits
 
     def process(self, element):
         name, file_id = element
@@ -68,15 +71,17 @@ class ReadSegmentationFile(ProgressDoFn):
         rows, positions, rejected = parse_rows(path)
         yield from row_pieces(name, rows, positions, rejected, path, file_id,
                               self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                              position_name(path))
+                              position_name(path), self.limits.max_pixels)
         self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
 
 
-def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where):
+def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
+               max_pixels: int):
     """Check parsed rows of one source and yield their shard pieces (main output) with rejects,
     stats and labels (tagged). path names the file in rejects (the source name for rows that come
     from a PCollection, whose positions are None)."""
-    good, bad = segment_rows(rows, [-1 if p is None else p for p in positions], path, file_id, slice_keys)
+    good, bad = segment_rows(rows, [-1 if p is None else p for p in positions], path, file_id,
+                             slice_keys, max_pixels)
     for position, uid, reason in rejected + bad:
         position = None if position is None or position < 0 else position
         yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
@@ -91,14 +96,16 @@ def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_s
 class SegmentationRowsFromDicts(beam.DoFn):
     """(source, [row dict, ...]) batches -> shard pieces, like ReadSegmentationFile for files."""
 
-    def __init__(self, slice_keys: list[str], num_shards: int):
+    def __init__(self, slice_keys: list[str], num_shards: int, limits: ImageLimits = ImageLimits()):
         self.slice_keys = slice_keys
         self.num_shards = num_shards
+        self.limits = limits
 
     def process(self, element):
         source, batch = element
         yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
-                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards, "row")
+                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards, "row",
+                              self.limits.max_pixels)
 
 
 class LabelSet(beam.CombineFn):
@@ -133,16 +140,19 @@ def lookup_table(label_names: dict, codes: dict, ignore_id: int | None, unlabele
     return table
 
 
-def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: bool):
+def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: bool,
+           limits: ImageLimits = ImageLimits()):
     """(ids[h, w], id -> code table, [codes of the row's segment labels]) or RowProblem.
 
     Label maps keep their class ids and use the --label_names table; segments become segment
-    numbers (label_ids) with their own table. Unknown ids are found later, by pixel_confusion."""
+    numbers (label_ids) with their own table, decoded one at a time. Unknown ids are found
+    later, by pixel_confusion. Files are read within `limits` (schemas/mask_files.py); RLE sizes
+    were bounded when the row was read."""
     if row.label_map is not None:
         if table is None:
             raise RowProblem("label_map_uri needs --label_names (class id -> label name)")
         try:
-            ids = read_array(row.label_map)
+            ids = read_array(row.label_map, limits, "label_map_uri")
         except MaskFileError as error:
             raise RowProblem(str(error)) from None
         if row.shape is not None and tuple(ids.shape) != tuple(row.shape):
@@ -158,21 +168,24 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
     from schemas.coco import to_rle
 
     h, w = row.shape
-    masks = []
-    for i, (label, kind, payload) in enumerate(row.segments):
-        if kind == "rle":
-            mask = mask_utils.decode(to_rle(payload, h, w)).astype(bool)
-        else:
-            try:
-                mask = read_array(payload) != 0
-            except MaskFileError as error:
-                raise RowProblem(f"segment {i} ({label}): {error}") from None
-        if mask.shape != (h, w):
-            raise RowProblem(f"segment {i} ({label}): mask shape {list(mask.shape)} differs from the "
-                             f"row's shape {[h, w]}")
-        masks.append(mask)
+
+    def masks():
+        for i, (label, kind, payload) in enumerate(row.segments):
+            if kind == "rle":
+                # pycocotools decodes to uint8 0/1, which is a valid bool array as it is
+                mask = mask_utils.decode(to_rle(payload, h, w)).view(bool)
+            else:
+                try:
+                    mask = read_array(payload, limits) != 0
+                except MaskFileError as error:
+                    raise RowProblem(f"segment {i} ({label}): {error}") from None
+            if mask.shape != (h, w):
+                raise RowProblem(f"segment {i} ({label}): mask shape {list(mask.shape)} differs from "
+                                 f"the row's shape {[h, w]}")
+            yield mask
+
     segment_codes = [codes[label] for label, _, _ in row.segments]
-    ids, overlap = label_ids((h, w), masks, len(codes))
+    ids, overlap = label_ids((h, w), masks(), len(row.segments))
     if overlap:
         whose = "ground-truth" if groundtruth else "prediction"
         raise RowProblem(f"{whose} segments overlap on {overlap} pixels (each pixel takes one label)")
@@ -184,15 +197,32 @@ def _unknown_reason(error: UnknownIds, whose: str) -> str:
             f"{error.ids[:10]}{' ...' if len(error.ids) > 10 else ''}")
 
 
+def check_label_count(n_labels: int, max_labels: int) -> None:
+    """Every (model, slice) keeps a dense (K + 1)^2 int64 pixel matrix, and every datum adds one:
+    K labels beyond max_labels would cost gigabytes (65,536 labels: 32 GiB a matrix), so the run
+    stops with an input error instead (ReadError: exit 2, one paragraph)."""
+    if n_labels > max_labels:
+        size = (n_labels + 1) ** 2 * 8
+        shown = next((f"{size / scale:,.1f} {unit}" for unit, scale in (("GiB", 2**30), ("MiB", 2**20))
+                      if size >= scale), f"{size:,} bytes")
+        raise ReadError(f"the segments and --label_names name {n_labels:,} distinct labels, more "
+                        f"than --max_labels {max_labels:,}: each (model, slice) would keep a pixel "
+                        f"count matrix of {shown}. Check that segment labels are class names (not "
+                        "instance names); raise --max_labels if they really are classes.")
+
+
 class MatchSegmentation(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), SegmentationState) per model and slice, plus
     rejects and stats. Each datum's ground truth is decoded once and compared with each model's
     prediction; a datum without a usable prediction counts as predicted "no label" everywhere."""
 
     def __init__(self, models, slice_specs, label_names: dict | None, ignore_id: int | None,
-                 files: dict, quiet: bool, started: float, unlabeled_id: int | None = None):
+                 files: dict, quiet: bool, started: float, unlabeled_id: int | None = None,
+                 limits: ImageLimits = ImageLimits(), max_labels: int = MAX_LABELS):
         super().__init__(quiet, started)
         self.unlabeled_id = unlabeled_id
+        self.limits = limits
+        self.max_labels = max_labels
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.label_names = label_names
@@ -223,7 +253,8 @@ class MatchSegmentation(ProgressDoFn):
             prediction, pred_table, problem, declared = None, None, None, list(truth_codes)
             if pred_row is not None:
                 try:
-                    prediction, pred_table, pred_codes = decode(pred_row, codes, tables and tables[False], False)
+                    prediction, pred_table, pred_codes = decode(pred_row, codes, tables and tables[False],
+                                                                False, self.limits)
                     if prediction.shape != truth.shape:
                         raise RowProblem(f"shape {list(prediction.shape)} differs from the ground "
                                          f"truth's {list(truth.shape)}")
@@ -244,6 +275,7 @@ class MatchSegmentation(ProgressDoFn):
 
     def process(self, element, labels):
         shard, pieces = element
+        check_label_count(len(labels), self.max_labels)
         codes = {name: i for i, name in enumerate(labels)}
         K = len(labels)
         tables = None
@@ -261,7 +293,8 @@ class MatchSegmentation(ProgressDoFn):
         for uid in sorted(truths):
             row = truths[uid]
             try:
-                truth, truth_table, truth_codes = decode(row, codes, tables and tables[True], True)
+                truth, truth_table, truth_codes = decode(row, codes, tables and tables[True], True,
+                                                         self.limits)
             except RowProblem as error:
                 outputs.append(self._reject(GROUNDTRUTHS, row, str(error)))
                 continue
@@ -333,9 +366,37 @@ def records(element, labels):
     })
 
 
+def pixel_labels(element, labels) -> tuple:
+    """((model, slice JSON), SegmentationState) -> (model, ground-truth labels, predicted labels):
+    the labels with pixels on each side (ignored pixels and "no label" left out)."""
+    (model, _), state = element
+    matrix = state.matrix
+    truth = np.flatnonzero(matrix[1:, :].sum(axis=1) > 0)
+    predicted = np.flatnonzero(matrix[:, 1:].sum(axis=0) > 0)
+    return model, {labels[k] for k in truth.tolist()}, {labels[k] for k in predicted.tolist()}
+
+
+def overall_slice(element) -> bool:
+    (_, slice_json), _ = element
+    return slice_json == "{}"
+
+
+def vocabulary_problems(found: list) -> list:
+    """transforms.outputs.label_problems on the labels with pixels of the overall slice: a model
+    none of whose predicted labels has a ground-truth pixel is an error (the label names differ
+    between the two sides, or it predicts only classes the ground truth never has). found:
+    [(model, ground-truth labels, predicted labels)]; the ground-truth pixels are the same datums
+    for every model, so their labels are one set."""
+    from transforms.outputs import label_problems
+
+    truth = set().union(*(t for _, t, _ in found)) if found else set()
+    return label_problems({None: truth}, {model: {None: predicted} for model, _, predicted in found})
+
+
 def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id, files, quiet,
-              started):
-    """The shared tail: labels side input, match per shard, combine, records."""
+              started, limits: ImageLimits, max_labels: int):
+    """The shared tail: labels side input, match per shard, combine, records; and the run's
+    label findings (transforms.outputs.problem dicts)."""
     declared = sorted(set((label_names or {}).values()))
     labels = beam.pvalue.AsSingleton(
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
@@ -344,23 +405,29 @@ def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchSegmentation(
-                   models, slices, label_names, ignore_id, files, quiet, started, unlabeled_id),
+                   models, slices, label_names, ignore_id, files, quiet, started, unlabeled_id,
+                   limits, max_labels),
                    labels)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
-    metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records, labels))
+    combined = matched.partials | "Combine" >> beam.CombinePerKey(MergeStates())
+    metrics = combined | "Records" >> beam.FlatMap(records, labels)
+    problems = (combined
+                | "Overall" >> beam.Filter(overall_slice)
+                | "PixelLabels" >> beam.Map(pixel_labels, labels)
+                | "GatherPixelLabels" >> beam.combiners.ToList()
+                | "LabelProblems" >> beam.FlatMap(vocabulary_problems))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-    return metrics, rejected, stats
+    return metrics, rejected, stats, problems
 
 
 class EvaluateSegmentationFiles(beam.PTransform):
-    """Segmentation row files (Sources) -> (metric records, rejects, stats)."""
+    """Segmentation row files (Sources) -> (metric records, rejects, stats, label findings)."""
 
     def __init__(self, sources, models, slices, label_names: dict | None, ignore_id: int | None,
-                 num_shards: int, quiet: bool, started: float, unlabeled_id: int | None = None):
+                 num_shards: int, quiet: bool, started: float, unlabeled_id: int | None = None,
+                 limits: ImageLimits = ImageLimits(), max_labels: int = MAX_LABELS):
         super().__init__()
         self.unlabeled_id = unlabeled_id
         self.sources = sources
@@ -371,16 +438,18 @@ class EvaluateSegmentationFiles(beam.PTransform):
         self.num_shards = num_shards
         self.quiet = quiet
         self.started = started
+        self.limits = limits
+        self.max_labels = max_labels
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
         read = pbegin | "ReadFiles" >> ReadFiles(
             self.sources, ReadSegmentationFile(self.sources, slice_keys, self.num_shards, self.quiet,
-                                               self.started),
+                                               self.started, self.limits),
             (TAG_REJECTED, TAG_STATS, TAG_LABELS))
         return _evaluate(pbegin, read, self.models, self.slices, self.label_names, self.ignore_id,
                          self.unlabeled_id, {n: s.files for n, s in self.sources.items()},
-                         self.quiet, self.started)
+                         self.quiet, self.started, self.limits, self.max_labels)
 
 
 class EvaluateSegmentation(beam.PTransform):
@@ -388,11 +457,13 @@ class EvaluateSegmentation(beam.PTransform):
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
     in the README; relative mask URIs are relative to the working directory). Output: a
-    PCollection of metric records; with with_diagnostics=True, (records, rejects, stats)."""
+    PCollection of metric records; with with_diagnostics=True, (records, rejects, stats).
+    limits and max_labels bound what one row and the run may cost (schemas/limits.py)."""
 
     def __init__(self, slices=(), label_names: dict | None = None, ignore_id: int | None = 255,
                  unlabeled_id: int | None = None, num_shards: int = 16, batch_size: int = 1000,
-                 with_diagnostics: bool = False):
+                 with_diagnostics: bool = False, limits: ImageLimits = ImageLimits(),
+                 max_labels: int = MAX_LABELS):
         super().__init__()
         self.slices = [tuple(s) for s in slices]
         self.label_names = label_names
@@ -401,13 +472,16 @@ class EvaluateSegmentation(beam.PTransform):
         self.num_shards = num_shards
         self.batch_size = batch_size
         self.with_diagnostics = with_diagnostics
+        self.limits = limits
+        self.max_labels = max_labels
 
     def expand(self, pcolls):
         slice_keys = sorted({k for spec in self.slices for k in spec})
-        reader = SegmentationRowsFromDicts(slice_keys, self.num_shards)
+        reader = SegmentationRowsFromDicts(slice_keys, self.num_shards, self.limits)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_LABELS),
                                          "EvaluateSegmentation")
         pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
-        metrics, rejected, stats = _evaluate(pbegin, read, models, self.slices, self.label_names,
-                                             self.ignore_id, self.unlabeled_id, {}, True, 0.0)
+        metrics, rejected, stats, _ = _evaluate(pbegin, read, models, self.slices, self.label_names,
+                                                self.ignore_id, self.unlabeled_id, {}, True, 0.0,
+                                                self.limits, self.max_labels)
         return (metrics, rejected, stats) if self.with_diagnostics else metrics

@@ -29,15 +29,17 @@ class UnknownIds(Exception):
         self.ids = ids
 
 
-def label_ids(shape: tuple[int, int], masks: list[np.ndarray], n_labels: int) -> tuple[np.ndarray, int]:
+def label_ids(shape: tuple[int, int], masks, n_masks: int) -> tuple[np.ndarray, int]:
     """(ids[h, w], number of pixels covered by more than one mask) of a datum given as segments.
 
-    masks: bool[h, w] each; mask i paints id i + 1, so 0 means "no segment" (see code_table for
-    the ids' label codes). uint8 while the ids fit (the fast path of pair_counts), else uint16.
-    Where masks overlap the last one wins; the caller rejects overlapping ground truth."""
-    dtype = np.uint8 if len(masks) < 255 else np.uint16
+    masks: an iterable of n_masks bool[h, w] arrays, taken one at a time (a generator that
+    decodes each mask when asked keeps one mask in memory, not all of them); mask i paints id
+    i + 1, so 0 means "no segment" (see code_table for the ids' label codes). uint8 while the
+    ids fit (the fast path of pair_counts), else uint16 (at most 65,535 masks). Where masks
+    overlap the last one wins; the caller rejects overlapping ground truth."""
+    dtype = np.uint8 if n_masks < 255 else np.uint16
     out = np.zeros(shape, dtype=dtype)
-    if not masks:
+    if not n_masks:
         return out, 0
     covered = np.zeros(shape, dtype=np.uint16)
     for i, mask in enumerate(masks):
@@ -51,21 +53,43 @@ def code_table(segment_codes: list[int]) -> np.ndarray:
     return np.array([UNLABELED, *segment_codes], dtype=np.int32)
 
 
-def pair_counts(groundtruth: np.ndarray, prediction: np.ndarray | None):
+# Pixels counted at a time: the counting temporaries (bincount's int64 copy of its input, the
+# int64 keys np.unique sorts) stay near 8 bytes x PAIR_CHUNK = 32 MB however large the image.
+PAIR_CHUNK = 1 << 22
+
+
+def pair_counts(groundtruth: np.ndarray, prediction: np.ndarray | None, chunk: int = PAIR_CHUNK):
     """(gt ids, prediction ids, pixel counts) of the distinct id pairs of one datum.
 
     groundtruth, prediction: non-negative integer id arrays of one shape (prediction None: only
     the ground truth's ids, with prediction ids -1). Two uint8 maps take one bincount over
-    (g << 8) | p, about 2 ns a pixel; other dtypes np.unique over g * (max p + 1) + p."""
+    (g << 8) | p, about 2 ns a pixel; other dtypes np.unique over g * (max p + 1) + p. Images of
+    more than `chunk` pixels are counted a chunk at a time and the counts of equal pairs added
+    (the same result; memory beyond the two maps stays about 8 bytes x chunk, where counting a
+    100-megapixel image at once took 1 to 2 GB)."""
     g = groundtruth.ravel()
-    if prediction is None:
+    p = None if prediction is None else prediction.ravel()
+    if g.size <= chunk:
+        return _pair_counts(g, p)
+    parts = [_pair_counts(g[start:start + chunk], None if p is None else p[start:start + chunk])
+             for start in range(0, g.size, chunk)]
+    gs, ps, counts = (np.concatenate(column) for column in zip(*parts))
+    width = int(ps.max(initial=0)) + 2        # prediction ids start at -1
+    keys, index = np.unique(gs.astype(np.int64) * width + (ps + 1), return_inverse=True)
+    total = np.zeros(keys.size, dtype=np.int64)
+    np.add.at(total, index, counts)
+    return keys // width, keys % width - 1, total
+
+
+def _pair_counts(g: np.ndarray, p: np.ndarray | None):
+    """pair_counts of flat id arrays, all at once."""
+    if p is None:
         if g.dtype == np.uint8:
             counts = np.bincount(g, minlength=256)
             ids = np.flatnonzero(counts)
             return ids, np.full(ids.size, -1), counts[ids]
         ids, counts = np.unique(g, return_counts=True)
         return ids.astype(np.int64), np.full(ids.size, -1), counts
-    p = prediction.ravel()
     if g.dtype == np.uint8 and p.dtype == np.uint8:
         counts = np.bincount((g.astype(np.uint16) << 8) | p, minlength=1 << 16)
         pairs = np.flatnonzero(counts)
