@@ -319,7 +319,7 @@ def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: li
         if READ_ERROR in text:   # an input that broke off while being read: not a bug
             reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
             reason = re.sub(r" \[while running '.*'\]$", "", reason)
-            code, kind = EXIT_USAGE, "an input could not be read"
+            code, kind = EXIT_USAGE, "the run stopped on its input"
         else:
             reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
             code, kind = EXIT_FAILED, "the pipeline failed"
