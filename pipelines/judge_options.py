@@ -1,18 +1,33 @@
 """The --judge_* options every task that calls an LLM judge shares, and the run.json report.
 
 add_judge_arguments(parser) adds them; judge_setup(args, beam_args) turns them into
-(JudgeSettings, JudgeMetricConfig, journal root); judge_report(counters) is run.json's "judge"
-section; judge_table(report) the lines printed after a run (or a dry run).
+(JudgeSettings, JudgeMetricConfig, journal root); check_judge(settings, ...) checks the key's
+variable and the endpoint before the run; judge_report(counters) is run.json's "judge" section;
+judge_problems(records, limit) the run's findings on datums the judge could not score;
+judge_table(report) the lines printed after a run (or a dry run).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import math
+import os
+import re
 
 from pipelines.common import UsageError, parse_optional_number
 
 DEFAULT_URL_HINT = "e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1"
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+# How long the check before a run waits for the endpoint's answer to GET /models.
+CHECK_TIMEOUT_S = 5.0
+# Datum statuses of a judge metric that are results or deliberate choices, not failures: any
+# other status (a judge call's failure status: http_error, timeout, invalid_output, ...) means
+# the metric could not be computed for that datum.
+NOT_FAILED = ("ok", "no_statements", "not_applicable", "missing_prediction", "dry_run", "not_sent")
+# ... and those of them that were not meant to be judged at all (outside the denominator).
+NOT_ASKED = ("not_applicable", "missing_prediction", "dry_run")
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +38,10 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--judge_model", default="gpt-4o-mini", help="judge model (default gpt-4o-mini)")
     g.add_argument("--judge_embedding_model", default="text-embedding-3-small",
                    help="model of /embeddings for the similarity metrics (default text-embedding-3-small)")
-    g.add_argument("--judge_api_key_env", default="OPENAI_API_KEY", metavar="NAME",
-                   help="name of the environment variable holding the API key (default OPENAI_API_KEY); "
-                        "the key itself is never an option")
+    g.add_argument("--judge_api_key_env", default=None, metavar="NAME",
+                   help=f"name of the environment variable holding the API key (default {DEFAULT_KEY_ENV}, "
+                        "sent when set); the key itself is never an option. A variable named here "
+                        "must be set")
     g.add_argument("--judge_rpm", type=float, default=500.0, help="requests per minute, all workers (default 500)")
     g.add_argument("--judge_tpm", type=float, default=None, help="tokens per minute, all workers (default none)")
     g.add_argument("--judge_concurrency", type=int, default=8, help="requests in flight, all workers (default 8)")
@@ -44,7 +60,13 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--judge_price_completion_1k", type=float, default=0.0, metavar="P",
                    help="price of 1,000 completion tokens")
     g.add_argument("--judge_dry_run", action="store_true",
-                   help="send nothing: count the calls, tokens and cost per metric")
+                   help="send nothing: count the calls, tokens and cost per metric (no endpoint "
+                        "check either)")
+    g.add_argument("--judge_skip_check", action="store_true",
+                   help="start without checking the key's variable and GET URL/models first")
+    g.add_argument("--judge_max_failed_fraction", type=float, default=0.0, metavar="F",
+                   help="a judge metric whose calls failed for more than this fraction of its "
+                        "datums makes the run incomplete (exit 4; default 0: any failure)")
     g.add_argument("--judge_workers", type=int, default=None,
                    help="workers calling the judge at once, which share the limits (default: "
                         "--direct_num_workers, else --max_num_workers/--num_workers, else 1)")
@@ -88,6 +110,12 @@ def judge_setup(args, beam_args: list[str]):
     if not args.judge_url:
         raise UsageError("judge metrics need --judge_url (an OpenAI-compatible API base URL, "
                          f"{DEFAULT_URL_HINT}); or pick metrics without a judge with --metrics")
+    from urllib.parse import urlsplit
+
+    url = urlsplit(args.judge_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise UsageError("--judge_url must start with http:// or https:// and name a host "
+                         f"({DEFAULT_URL_HINT})")
     for option, value in (("--judge_rpm", args.judge_rpm), ("--judge_concurrency", args.judge_concurrency),
                           ("--judge_timeout", args.judge_timeout), ("--judge_max_attempts", args.judge_max_attempts)):
         if value is None or not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
@@ -96,6 +124,8 @@ def judge_setup(args, beam_args: list[str]):
         raise UsageError("--judge_tpm must be a positive number")
     if not 0.0 <= args.judge_similarity_weight <= 1.0:
         raise UsageError("--judge_similarity_weight must lie in [0, 1]")
+    if not 0.0 <= args.judge_max_failed_fraction <= 1.0:
+        raise UsageError("--judge_max_failed_fraction must lie in [0, 1]")
     try:
         byop = tuple(load_byop(path) for path in args.judge_byop)
     except (TemplateError, OSError) as error:
@@ -105,7 +135,8 @@ def judge_setup(args, beam_args: list[str]):
         raise UsageError("--judge_byop: two templates have the same name")
     workers = args.judge_workers or _workers(beam_args)
     settings = JudgeSettings(
-        url=args.judge_url, api_key_env=args.judge_api_key_env, rpm=args.judge_rpm, tpm=args.judge_tpm,
+        url=args.judge_url, api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
+        tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,
         deadline_s=args.judge_deadline, max_attempts=args.judge_max_attempts, workers=workers,
         max_calls=args.judge_max_calls, max_cost=args.judge_max_cost,
@@ -123,6 +154,96 @@ def judge_setup(args, beam_args: list[str]):
         byop=byop)
     journal = args.judge_journal or args.output.rstrip("/") + "/judge-journal"
     return settings, config, journal
+
+
+def _shown_url(url: str) -> str:
+    """The URL without user, password, query or fragment (any of which may hold a secret)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def check_judge(settings, key_named: bool, timeout_s: float | None = None) -> None:
+    """Raise UsageError when the judge cannot work, before anything is read or written:
+    - the key's variable was named with --judge_api_key_env (key_named) but is unset or empty;
+    - GET <url>/models (served by OpenAI, vLLM, Ollama, llama.cpp, TGI, LiteLLM and the
+      stand-in) cannot be sent (not a URL, no connection, no answer within timeout_s), or is
+      answered 401/403 (the key refused, or none sent), 404 (not the API's base URL), 429
+      insufficient_quota, or 5xx. Any other answer passes (a 429 rate limit included).
+    The key is sent as the judge calls send it (Authorization: Bearer) and never shown: the
+    messages quote no server text, only its status and error code."""
+    timeout_s = CHECK_TIMEOUT_S if timeout_s is None else timeout_s
+    name = settings.api_key_env
+    key = os.environ.get(name, "")
+    if key_named and not key:
+        raise UsageError(
+            f"--judge_api_key_env names {name}, which is {'empty' if name in os.environ else 'not set'} "
+            f"in this environment: export {name}=<your key> before the run (or pass "
+            "--judge_skip_check to start anyway).")
+    where = _shown_url(settings.url).rstrip("/")
+    status, code = asyncio.run(_get_models(settings.url, key, timeout_s, where))
+    code = code if code and re.fullmatch(r"[\w.\-]{1,64}", code) and (not key or key not in code) else None
+    said = f"HTTP {status}" + (f" {code}" if code else "")
+    skip = "Fix it, or pass --judge_skip_check to start anyway."
+    if status in (401, 403):
+        if key:
+            raise UsageError(f"the judge endpoint {where} refused the key in {name} ({said} to "
+                             f"GET /models): check the key and that it may use this endpoint. {skip}")
+        raise UsageError(f"the judge endpoint {where} refused a request without a key ({said} to "
+                         f"GET /models): {name} is not set; export it, or name the variable that "
+                         f"holds the key with --judge_api_key_env. {skip}")
+    if status == 404:
+        raise UsageError(f"the judge endpoint {where} answered {said} to GET /models: --judge_url "
+                         "must be the API's base URL, which usually ends in /v1 (e.g. "
+                         "http://127.0.0.1:8000/v1). If this server has no /models, pass "
+                         "--judge_skip_check.")
+    if status == 429 and code == "insufficient_quota":
+        raise UsageError(f"the judge endpoint {where} says the key in {name} has no quota left "
+                         f"({said} to GET /models). {skip}")
+    if status >= 500:
+        raise UsageError(f"the judge endpoint {where} answered {said} to GET /models: the server "
+                         "is failing. Try again later, or pass --judge_skip_check to start anyway.")
+
+
+async def _get_models(url: str, key: str, timeout_s: float, where: str) -> tuple[int, str | None]:
+    """(HTTP status, error code of an OpenAI error body or None) of GET <url>/models; raises
+    UsageError when no answer comes."""
+    import json
+
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            async with session.get(url.rstrip("/") + "/models") as resp:
+                text = await resp.text(errors="replace")
+                status = resp.status
+    except asyncio.TimeoutError:
+        raise UsageError(f"the judge endpoint {where} did not answer GET /models within "
+                         f"{timeout_s:g} s: is the server up and the URL right? Pass "
+                         "--judge_skip_check to start anyway.") from None
+    except aiohttp.InvalidURL:
+        raise UsageError(f"--judge_url {where!r} is not a URL ({DEFAULT_URL_HINT})") from None
+    except aiohttp.ClientConnectorError as error:
+        refused = getattr(error.os_error, "errno", None) == errno.ECONNREFUSED
+        reason = "connection refused" if refused else (error.strerror or type(error.os_error).__name__)
+        raise UsageError(f"cannot connect to the judge endpoint {where}: {reason}. Is the server "
+                         "running, and are host and port right? Pass --judge_skip_check to start "
+                         "anyway.") from None
+    except (aiohttp.ClientError, OSError, ValueError) as error:
+        raise UsageError(f"cannot reach the judge endpoint {where} ({type(error).__name__}). "
+                         "Pass --judge_skip_check to start anyway.") from None
+    code = None
+    try:
+        error = json.loads(text).get("error")
+        if isinstance(error, dict):
+            code = str(error.get("code") or error.get("type") or "") or None
+    except (ValueError, AttributeError):
+        pass
+    return status, code
 
 
 def judge_options_info(settings, config, journal: str) -> dict:
@@ -152,9 +273,11 @@ def judge_report(counters: dict) -> dict:
             per_metric.setdefault(metric, {})[counter] = value
     sent = c.get("sent", 0)
     span = c.get("max:last_done", 0) - c.get("min:first_send", 0)
+    samples = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("sample:")}
     return {
         "requests": c.get("requests", 0), "cached": c.get("cached", 0), "shared": c.get("shared", 0),
         "sent": sent, "ok": statuses.get("ok", 0), "failed_by_status": dict(sorted(failed.items())),
+        "error_samples": dict(sorted(samples.items())),
         "not_sent": statuses.get("not_sent", 0), "dry_run": statuses.get("dry_run", 0),
         "prompt_tokens": c.get("prompt_tokens", 0), "completion_tokens": c.get("completion_tokens", 0),
         "estimated_cost": round(c.get("cost", 0.0), 6),
@@ -162,6 +285,66 @@ def judge_report(counters: dict) -> dict:
         "per_metric": {m: {k: (round(v, 6) if isinstance(v, float) else v) for k, v in sorted(d.items())}
                        for m, d in sorted(per_metric.items())},
     }
+
+
+def _metric_label(record: dict) -> str:
+    template = record["parameters"].get("template")
+    return record["type"] + (f" ({template})" if template else "")
+
+
+def judge_problems(records: list[dict], max_failed_fraction: float,
+                   samples: dict | None = None) -> list[dict]:
+    """The run's findings on datums the judge could not score (transforms.outputs.problem dicts).
+
+    records: the judge metrics' records of the whole dataset (slice {}), one per model and
+    metric, with "counts" per datum status. Per metric (BYOP per template), over all models:
+    failed = the datums whose status is a failure (any status not in NOT_FAILED: http_error,
+    timeout, invalid_output, ...), asked = all datums but those in NOT_ASKED. An error
+    "judge_failed" (the run is incomplete) when failed / asked > max_failed_fraction, a warning
+    "judge_failed_within_limit" when some failed within it; one warning "judge_not_sent" for the
+    datums a --judge_max_calls / --judge_max_cost budget left unjudged. samples: {status: the
+    first error text of that status} (redacted by the client), quoted in the messages."""
+    from transforms.outputs import ERROR, WARNING, problem
+
+    totals: dict = {}
+    for record in records:
+        counts = totals.setdefault(_metric_label(record), {})
+        for status, n in record["counts"].items():
+            counts[status] = counts.get(status, 0) + n
+    out, not_sent = [], {}
+    for label in sorted(totals):
+        counts = totals[label]
+        if counts.get("not_sent"):
+            not_sent[label] = counts["not_sent"]
+        failed = {s: n for s, n in sorted(counts.items()) if s not in NOT_FAILED and n}
+        if not failed:
+            continue
+        n_failed = sum(failed.values())
+        asked = sum(n for s, n in counts.items() if s not in NOT_ASKED)
+        over = n_failed / asked > max_failed_fraction
+        statuses = ", ".join(f"{s} {n:,}" for s, n in failed.items())
+        example = next((f"; e.g. {s}: {samples[s][:200]}" for s in failed if (samples or {}).get(s)), "")
+        judged = counts.get("ok", 0)
+        value = (f"its value is the mean over the {judged:,} datums judged ok" if judged else
+                 "it has no value")
+        text = (f"judge metric {label}: {n_failed:,} of {asked:,} datums could not be judged "
+                f"({statuses}{example}); ")
+        if over:
+            hint = ("" if any(p["code"] == "judge_failed" for p in out) else
+                    " Fix the endpoint and run again: answers already received are reused from "
+                    "the journal.")
+            out.append(problem(ERROR, "judge_failed", text + (
+                f"more than --judge_max_failed_fraction {max_failed_fraction:g} allows, and "
+                f"{value}.{hint}")))
+        else:
+            out.append(problem(WARNING, "judge_failed_within_limit", text + (
+                f"within --judge_max_failed_fraction {max_failed_fraction:g}; {value}.")))
+    if not_sent:
+        listed = ", ".join(f"{label} {n:,}" for label, n in not_sent.items())
+        out.append(problem(WARNING, "judge_not_sent", (
+            f"the judge budget (--judge_max_calls / --judge_max_cost) was reached: datums not "
+            f"judged: {listed}; their status is not_sent.")))
+    return out
 
 
 def judge_table(report: dict) -> str:
@@ -180,5 +363,7 @@ def judge_table(report: dict) -> str:
               f"estimated cost {report['estimated_cost']:.4f}"
               + (f"; {rate:,.0f} requests/minute" if rate else "")
               + (f"; failed: {report['failed_by_status']}" if report["failed_by_status"] else "")
-              + (f"; {report['not_sent']:,} not sent (budget reached)" if report.get("not_sent") else ""))
+              + (f"; {report['not_sent']:,} not sent (budget reached)" if report.get("not_sent") else "")
+              + "".join(f"\n  {status}, e.g.: {text[:200]}"
+                        for status, text in report.get("error_samples", {}).items()))
     return f"\n{head}\n{_table(['metric', 'requests', 'counted' if dry else 'sent', 'est. cost'], rows)}\n{totals}"

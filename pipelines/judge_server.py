@@ -1,10 +1,12 @@
 """`evalbeam judge-server`: a deterministic stand-in for an OpenAI-compatible LLM judge.
 
-    evalbeam judge-server --port N [--host 127.0.0.1] [--latency-ms M] [--rpm R]
-        [--fault-rate F] [--faults 429,500,503,timeout,reset,malformed,truncated] [--seed S]
-        [--timeout-fault-s T]
+    evalbeam judge-server --port N [--host 127.0.0.1] [--latency_ms M] [--rpm R]
+        [--fault_rate F] [--faults 429,500,503,timeout,reset,malformed,truncated] [--seed S]
+        [--timeout_fault_s T] [--fault_retry_after_ms MS]
+    (the dashed spellings --latency-ms, --fault-rate, ... of earlier versions still work)
 
-Endpoints: POST /v1/chat/completions, POST /v1/embeddings, GET /stats, POST /stats/reset.
+Endpoints: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models (every path also
+without /v1), GET /stats, POST /stats/reset.
 Tests use `StandInServer` (a context manager running the app on 127.0.0.1 in a background thread).
 
 Answer rules (everything is a pure function of the request body, so the same request always gets the
@@ -27,10 +29,28 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
   line breaks, bullets ("- ", "* ", "1. ") stripped, empty pieces dropped.
 * Overlap of a text with the reference: content words (lower-cased `\\w+` of 3+ characters or digits,
   minus a few stop words) of the text that also occur in the reference, divided by its content words
-  (0 when it has none). Verdict = overlap >= 0.5.
+  (0 when it has none).
+* Contradiction (`contradiction`): a sentence of the text contradicts a sentence of the case's own
+  reference text (the part of the last user message before the marker, or the input object's other
+  fields; never the system text or the few-shot examples) when it names a name or a number that
+  sentence does not have, that sentence names another one of the same kind in its place, and
+  everything else (their content words, names and numbers) is the same: "The Eiffel Tower is in
+  Rome." against "The Eiffel Tower is in Paris.", "It closes at 8 p.m." against "It closes at 5 p.m.".
+  Names are capitalised content words other than a sentence's first word; numbers are digit runs
+  (with . or , inside). A contradicted text has overlap 0.
+* Verdict = overlap >= 0.5 (and so never for a contradicted text); but when the first sentence of
+  the first message asks about a contradiction (it holds the word "contradict", as the Hallucination
+  template's "You check whether a response contradicts a context passage."), the verdict is whether
+  the text contradicts the reference.
+* Labelled sections: a line holding only "Label:" starts a section of the last user message. An
+  array property named `<word>_...` (answer_verdicts, reference_verdicts) whose <word> is the first
+  word of a section's label ("Answer statements:") gets one item per sentence of that section, each
+  judged against the other sections (AnswerCorrectness judges the answer's statements against the
+  reference's and the reference's against the answer's).
 * json_schema: the schema is walked (`SchemaWriter`): objects get every property (strict mode wants
   them all); arrays get one item per sentence of the subject (clamped to minItems/maxItems) and each
-  item is judged on its own sentence; strings named like statement/claim/opinion/truth/text take the
+  item is judged on its own sentence (see labelled sections for arrays named after a section);
+  strings named like statement/claim/opinion/truth/text take the
   sentence, other strings a fixed reason sentence (padded/cut to minLength/maxLength; `format` and
   `pattern` are ignored); booleans and yes/no/idk/0/1 enums follow the verdict (never "idk"); integers
   named verdict/attributed/... are 1/0; other numbers are min + overlap * (max - min) within the bounds
@@ -43,7 +63,8 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
   "properties" in any message, as instructor's JSON mode, RAGAS's prompts and evalbeam's own
   fallbacks write it): that schema is walked as for json_schema, and the answer is its JSON.
 * json_object without a schema in the prompt: {"verdict": 1|0, "reason": "..."} for the whole subject.
-* Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first); but when
+* Plain text: "<score> <sentence>", score = 1 + round(4 * overlap) (a 1-5 rating first; 1 for a
+  contradicted text); but when
   the last user message ends with "Reply with only one of these numbers: a, b, c." (evalbeam's
   rating templates) the answer is only the number at round(overlap * (k - 1)) of that list.
 * Tests running the server in-process may pass answer(body) -> content or None: a content it
@@ -54,7 +75,7 @@ same answer; `created` is 0 and `system_fingerprint` is fixed):
 * Embeddings: every content word hashed (sha256) to one of `dimensions` (default 64) slots with a
   hashed sign, then L2-normalised; a text without words gets the unit vector e0.
 
-Faults (`--fault-rate F`, kinds from `--faults`, a seeded RNG drawing two numbers per arriving API
+Faults (`--fault_rate F`, kinds from `--faults`, a seeded RNG drawing two numbers per arriving API
 request, so the schedule depends only on the seed and the arrival order): 429 (rate-limit body with
 Retry-After of `fault_retry_after_ms`, default 200), 500, 503, timeout (waits `timeout_fault_s`, default 30 s, then answers normally),
 reset (TCP reset, no response), malformed (200 with a body cut in half, or, when JSON content was
@@ -97,6 +118,7 @@ WINDOW_S = 60.0
 STATE = web.AppKey("state", object)
 FAULT_RETRY_AFTER_MS = 200  # default delay of an injected 429: short, so clients under test do not sleep long
 EMBEDDING_DIM = 64
+LISTED_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 LOGPROB_TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
@@ -104,6 +126,9 @@ WORD_RE = re.compile(r"\w+")
 MARKER_RE = re.compile(r"(?i)\b(?:statements?|claims?|answer|response|actual[ _]output|output|"
                        r"opinions?)\s*:")
 SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)*")
+SECTION_RE = re.compile(r"(?m)^[ \t]*([^\W\d_][^\n:]{0,60}):[ \t]*$")
+CONTRADICTION_WORD = "contradict"
 BULLET_RE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 STOP_WORDS = frozenset(
     "the and for are but not you all any can had her was one our out has his how its may new now "
@@ -175,19 +200,113 @@ def message_text(message) -> str:
 
 def split_prompt(messages: list) -> tuple[str, str]:
     """(subject, reference) following the input-object and marker rules in the module docstring."""
+    subject, reference, _ = prompt_parts(messages)
+    return subject, reference
+
+
+def last_user_text(messages: list) -> str:
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    return message_text(users[-1]) if users else (message_text(messages[-1]) if messages else "")
+
+
+def prompt_parts(messages: list) -> tuple[str, str, str]:
+    """(subject, reference, the case's own reference): the last is the part of the prompt that
+    the contradiction rule compares the subject with (the input object's other fields, or the
+    last user message before the marker; "" without a marker)."""
     texts = [message_text(m) for m in messages]
     last_user = max((i for i, m in enumerate(messages)
                      if isinstance(m, dict) and m.get("role") == "user"), default=len(texts) - 1)
     last = texts[last_user] if texts else ""
     from_input = split_input_object(last)
     if from_input is not None:
-        return from_input
+        return from_input + (from_input[1],)
     others = texts[:last_user] + texts[last_user + 1:]
     marks = list(MARKER_RE.finditer(last))
     if marks:
         mark = marks[-1]
-        return last[mark.end():].strip(), "\n".join(others + [last[:mark.start()]])
-    return last.strip(), "\n".join(others)
+        return (last[mark.end():].strip(), "\n".join(others + [last[:mark.start()]]),
+                last[:mark.start()])
+    return last.strip(), "\n".join(others), ""
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """[(label, content)] of the labelled sections of a text ("Question:\n...\n\nAnswer:\n...")."""
+    marks = list(SECTION_RE.finditer(text))
+    return [(m.group(1).strip(), text[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(text)])
+            for i, m in enumerate(marks)]
+
+
+def reference_sentences(text: str) -> list[str]:
+    """The sentences of a reference text, section by section (a section holding a JSON list of
+    strings gives its items)."""
+    parts = sections(text)
+    if not parts:
+        return sentences(text)
+    return [sentence for _, content in parts for sentence in sentences(content)]
+
+
+def asks_contradiction(messages: list) -> bool:
+    """True when the first sentence of the first message asks about a contradiction."""
+    first = message_text(messages[0]) if messages else ""
+    pieces = [p for p in SENTENCE_SPLIT_RE.split(first.strip()) if p.strip()]
+    return bool(pieces) and CONTRADICTION_WORD in pieces[0].lower()
+
+
+def _facts(sentence: str) -> tuple[set, dict, set]:
+    """(content words other than digits, {name: as written}, numbers) of one sentence. Names are
+    the capitalised content words but the sentence's first word; numbers are digit runs with
+    . or , inside (a thousands comma dropped)."""
+    words = {w for w in content_words(sentence) if not w.isdigit()}
+    names = {w.lower(): w for w in WORD_RE.findall(sentence)[1:]
+             if w[0].isupper() and w.lower() in words}
+    numbers = {n.replace(",", "") for n in NUMBER_RE.findall(sentence)}
+    return words, names, numbers
+
+
+def contradiction(text: str, reference: list[str]) -> tuple[str, str] | None:
+    """(what a sentence of `text` says, what a reference sentence says in its place) for the first
+    contradiction found (module docstring), else None."""
+    for sentence in sentences(text):
+        words, names, numbers = _facts(sentence)
+        if not words and not numbers:
+            continue
+        for other in reference:
+            other_words, other_names, other_numbers = _facts(other)
+            mine = {n for n in names if n not in other_words} | (numbers - other_numbers)
+            theirs = {n for n in other_names if n not in words} | (other_numbers - numbers)
+            same = (words | numbers) - mine
+            if not mine or not theirs or not same or same != (other_words | other_numbers) - theirs:
+                continue
+            for kind_mine, kind_theirs in ((mine & set(names), theirs & set(other_names)),
+                                           (mine & numbers, theirs & other_numbers)):
+                if kind_mine and kind_theirs:
+                    said = sorted(names.get(x, x) for x in kind_mine)[0]
+                    instead = sorted(other_names.get(x, x) for x in kind_theirs)[0]
+                    return said, instead
+    return None
+
+
+class Verdicts:
+    """How one case is judged: against the reference's content words (overlap), and against the
+    case's own reference sentences (contradiction); `contradict` asks the contradiction question."""
+
+    def __init__(self, reference: str, local: str, contradict: bool):
+        self.reference_words = content_words(reference)
+        self.local = reference_sentences(local) if local.strip() else []
+        self.contradict = contradict
+
+    def judge(self, text: str) -> tuple[float, bool, str]:
+        """(score in [0, 1], verdict, reason) of a text."""
+        found = contradiction(text, self.local) if self.local else None
+        if found is not None:
+            reason = (f"The text says {found[0]} where the reference says {found[1]}: they "
+                      "contradict each other.")
+            return 0.0, self.contradict, reason
+        score = overlap(text, self.reference_words)
+        if self.contradict:
+            return score, False, "The text does not contradict the reference."
+        return score, score >= 0.5, reason_for(text, score, score >= 0.5)
+
 
 
 INPUT_RE = re.compile(r"(?i)\binput\s*:\s*(?=\{)")
@@ -256,10 +375,13 @@ def reason_for(text: str, score: float, supported: bool) -> str:
 class SchemaWriter:
     """Writes a value that validates against a JSON schema, derived from the prompt (rules above)."""
 
-    def __init__(self, root: dict, subject: str, reference: str, request_hash: str):
+    def __init__(self, root: dict, subject: str, reference: str, request_hash: str,
+                 local: str = "", contradict: bool = False, last: str = ""):
         self.root = root
         self.subject = subject
-        self.reference_words = content_words(reference)
+        self.verdicts = Verdicts(reference, local, contradict)
+        self.contradict = contradict
+        self.sections = sections(last)   # of the last user message, for arrays named after one
         self.request_hash = request_hash
 
     def resolve(self, schema: dict, depth: int) -> dict:
@@ -286,11 +408,13 @@ class SchemaWriter:
                 return schema
         return schema
 
-    def value(self, schema: dict, name: str, text: str, depth: int = 0):
-        """A value for `schema` at field `name`, judged on `text` (the subject or one sentence)."""
+    def value(self, schema: dict, name: str, text: str, depth: int = 0,
+              verdicts: Verdicts | None = None):
+        """A value for `schema` at field `name`, judged on `text` (the subject or one sentence)
+        by `verdicts` (default: against the whole prompt's reference)."""
         schema = self.resolve(schema, depth)
-        score = overlap(text, self.reference_words)
-        supported = score >= 0.5
+        verdicts = verdicts or self.verdicts
+        score, supported, reason = verdicts.judge(text)
         if "const" in schema:
             return schema["const"]
         if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -306,26 +430,42 @@ class SchemaWriter:
                     "integer": 0, "number": 0.0}.get(kind, "")
         if kind == "object":
             props = schema.get("properties") or {}
-            return {key: self.value(sub, key, text, depth + 1) for key, sub in props.items()}
+            return {key: self.value(sub, key, text, depth + 1, verdicts) for key, sub in props.items()}
         if kind == "array":
-            return self.array_value(schema, name, text, depth)
+            return self.array_value(schema, name, text, depth, verdicts)
         if kind == "boolean":
             return supported
         if kind == "null":
             return None
         if kind in ("integer", "number"):
             return self.number_value(schema, kind, name, score, supported)
-        return self.string_value(schema, name, text, score, supported)
+        return self.string_value(schema, name, text, reason, supported)
 
-    def array_value(self, schema: dict, name: str, text: str, depth: int) -> list:
+    def array_value(self, schema: dict, name: str, text: str, depth: int, verdicts) -> list:
         items = sentences(text if depth else self.subject)
+        own = self.section_verdicts(name)
+        if own is not None:
+            items, verdicts = own
         low = int(schema.get("minItems", 0))
         high = int(schema.get("maxItems", max(low, len(items))))
         items = items[:high]
         while len(items) < low:  # pad with the whole text so minItems holds
             items.append(text or "n/a")
         item_schema = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-        return [self.value(item_schema, name, item, depth + 1) for item in items]
+        return [self.value(item_schema, name, item, depth + 1, verdicts) for item in items]
+
+    def section_verdicts(self, name: str):
+        """(sentences of the section an array named `<word>_...` is about, Verdicts against the
+        other sections), or None (module docstring: labelled sections)."""
+        if "_" not in name or len(self.sections) < 2:
+            return None
+        word = name.split("_", 1)[0].lower()
+        for i, (label, content) in enumerate(self.sections):
+            if label.split()[0].lower() == word:
+                others = "\n".join(f"{lab}:\n{text}" for j, (lab, text) in enumerate(self.sections)
+                                   if j != i)
+                return sentences(content), Verdicts(others, others, self.contradict)
+        return None
 
     def enum_value(self, options: list, name: str, score: float, supported: bool):
         keys = {str(o).lower(): o for o in options}
@@ -361,14 +501,14 @@ class SchemaWriter:
             value = schema["exclusiveMaximum"] - span * 1e-6
         return float(value)
 
-    def string_value(self, schema: dict, name: str, text: str, score: float, supported: bool) -> str:
+    def string_value(self, schema: dict, name: str, text: str, reason: str, supported: bool) -> str:
         lname = name.lower()
         if lname == "verdict":
             out = "yes" if supported else "no"
         elif any(n in lname for n in SENTENCE_NAMES):
             out = text
         else:
-            out = reason_for(text, score, supported)
+            out = reason
         if "maxLength" in schema:
             out = out[:int(schema["maxLength"])]
         if len(out) < int(schema.get("minLength", 0)):
@@ -387,26 +527,30 @@ def chat_answer(body: dict, request_hash: str, answer=None) -> tuple[str, bool]:
         chosen = answer(body)
         if chosen is not None:
             return chosen, kind in ("json_schema", "json_object")
-    subject, reference = split_prompt(body["messages"])
-    numbers = _allowed_numbers(body["messages"])
+    messages = body["messages"]
+    subject, reference, local = prompt_parts(messages)
+    contradict = asks_contradiction(messages)
+    verdicts = Verdicts(reference, local, contradict)
+    numbers = _allowed_numbers(messages)
     if numbers and kind is None:
-        score = overlap(subject, content_words(reference))
+        score, _, _ = verdicts.judge(subject)
         return str(numbers[round(score * (len(numbers) - 1))]), False
+
+    def writer(schema):
+        return SchemaWriter(schema, subject, reference, request_hash, local, contradict,
+                            last_user_text(messages))
+
     if kind == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema") or {}
-        writer = SchemaWriter(schema, subject, reference, request_hash)
-        return json.dumps(writer.value(schema, spec.get("name", ""), subject)), True
-    written = schema_in_prompt(body["messages"]) if kind in (None, "json_object") else None
+        return json.dumps(writer(schema).value(schema, spec.get("name", ""), subject)), True
+    written = schema_in_prompt(messages) if kind in (None, "json_object") else None
     if written is not None:
-        writer = SchemaWriter(written, subject, reference, request_hash)
-        return json.dumps(writer.value(written, str(written.get("title", "")), subject)), True
-    score = overlap(subject, content_words(reference))
-    supported = score >= 0.5
+        return json.dumps(writer(written).value(written, str(written.get("title", "")), subject)), True
+    score, supported, reason = verdicts.judge(subject)
     if kind == "json_object":
-        return json.dumps({"verdict": int(supported),
-                           "reason": reason_for(subject, score, supported)}), True
-    return f"{1 + round(4 * score)} {reason_for(subject, score, supported)}", False
+        return json.dumps({"verdict": int(supported), "reason": reason}), True
+    return f"{1 + round(4 * score)} {reason}", False
 
 
 NUMBERS_RE = re.compile(r"Reply with only one of these numbers: (\d+(?:, \d+)*)\.\s*$")
@@ -727,6 +871,15 @@ async def _embeddings(request):
     return await _api(request, "embeddings")
 
 
+async def _models(request):
+    """GET /models: the cheap request evalbeam sends before a run to check the endpoint. The
+    stand-in answers every model name; it lists evalbeam's defaults. Never faulted, never rate
+    limited, not counted in /stats."""
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "evalbeam-stand-in"}
+        for name in LISTED_MODELS]})
+
+
 async def _stats(request):
     return web.json_response(request.app[STATE].stats())
 
@@ -743,6 +896,8 @@ def build_app(state: JudgeState) -> web.Application:
     app.router.add_post("/chat/completions", _chat)  # clients configured without the /v1 prefix
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/embeddings", _embeddings)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/models", _models)
     app.router.add_get("/stats", _stats)
     app.router.add_post("/stats/reset", _stats_reset)
     return app
@@ -860,24 +1015,35 @@ def parse_rate(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Options spelt with underscores, as every other evalbeam command spells them; the dashed
+    spellings of earlier versions (--latency-ms, --fault-rate, --timeout-fault-s,
+    --fault-retry-after-ms) still work, as hidden aliases, so scripts using them do not break."""
     parser = argparse.ArgumentParser(
         prog="evalbeam judge-server", allow_abbrev=False,
         description="A deterministic stand-in for an OpenAI-compatible LLM judge "
-                    "(/v1/chat/completions, /v1/embeddings, /stats).")
-    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free one)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before every answer")
-    parser.add_argument("--rpm", type=int, default=None,
-                        help="requests per sliding 60 s window before answering 429")
-    parser.add_argument("--fault-rate", type=parse_rate, default=0.0,
-                        help="share of API requests that get a fault (0..1)")
-    parser.add_argument("--faults", type=parse_faults, default=FAULT_KINDS,
-                        help=f"fault kinds to choose among (default {','.join(FAULT_KINDS)})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
-    parser.add_argument("--timeout-fault-s", type=float, default=30.0,
-                        help="how long a timeout fault waits before answering (default 30)")
-    parser.add_argument("--fault-retry-after-ms", type=float, default=FAULT_RETRY_AFTER_MS,
-                        help=f"Retry-After of an injected 429 (default {FAULT_RETRY_AFTER_MS})")
+                    "(/v1/chat/completions, /v1/embeddings, /v1/models, /stats).")
+
+    def option(name: str, **kwargs) -> None:
+        parser.add_argument(name, **kwargs)
+        if "_" in name:   # the dashed alias: same destination, no help line, no default of its own
+            alias = {k: v for k, v in kwargs.items() if k in ("type", "metavar")}
+            parser.add_argument(name.replace("_", "-"), dest=name[2:], default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS, **alias)
+
+    option("--port", type=int, required=True, help="port to listen on (0: any free one)")
+    option("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    option("--latency_ms", type=float, default=0.0, help="delay before every answer")
+    option("--rpm", type=int, default=None,
+           help="requests per sliding 60 s window before answering 429")
+    option("--fault_rate", type=parse_rate, default=0.0,
+           help="share of API requests that get a fault (0..1)")
+    option("--faults", type=parse_faults, default=FAULT_KINDS,
+           help=f"fault kinds to choose among (default {','.join(FAULT_KINDS)})")
+    option("--seed", type=int, default=0, help="seed of the fault schedule")
+    option("--timeout_fault_s", type=float, default=30.0,
+           help="how long a timeout fault waits before answering (default 30)")
+    option("--fault_retry_after_ms", type=float, default=FAULT_RETRY_AFTER_MS,
+           help=f"Retry-After of an injected 429 (default {FAULT_RETRY_AFTER_MS})")
     return parser
 
 

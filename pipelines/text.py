@@ -117,11 +117,11 @@ def check_source(name: str, source) -> None:
             raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file of text "
                              "rows; see the README for the format.")
     required = ("datum_uid",) if name == "groundtruths" else ("datum_uid", "response")
-    preflight(source, None, required, [])
+    preflight(source, None, required, [], task=TASK)
 
 
 def build_pipeline(pipeline, sources, models, slices, config, num_shards, folder, quiet, started,
-                   run_info, max_rejected_fraction):
+                   run_info, max_rejected_fraction, judge_max_failed_fraction=0.0):
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
@@ -135,26 +135,36 @@ def build_pipeline(pipeline, sources, models, slices, config, num_shards, folder
     n_scores = (score_parts
                 | "GatherScoreParts" >> beam.combiners.ToList()
                 | "MergeScores" >> beam.Map(merge_score_parts, folder.temp("scores.jsonl")))
+    # the judge metrics' records of the whole dataset: their status counts decide the run's status
+    judged_records = metrics | "JudgedRecords" >> beam.Filter(
+        lambda record: "counts" in record and record["slice"] == {})
     _ = (stats
          | "SumStats" >> beam.CombinePerKey(sum)
          | "GatherStats" >> beam.combiners.ToList()
          | "Publish" >> beam.Map(publish, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
                                  max_rejected_fraction, beam.pvalue.AsSingleton(n_scores),
-                                 beam.pvalue.AsSingleton(judge_stats), config.judge is not None))
+                                 beam.pvalue.AsSingleton(judge_stats), config.judge is not None,
+                                 beam.pvalue.AsList(judged_records), judge_max_failed_fraction))
 
 
 def publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
-            n_scores, judge_stats, judged):
+            n_scores, judge_stats, judged, judged_records=(), judge_max_failed_fraction=0.0):
     """finalize_run, with run.json's "judge" section (calls, cache hits, failures by status,
-    tokens, estimated cost, achieved rate) when judge metrics ran."""
-    from pipelines.judge_options import judge_report
+    tokens, estimated cost, achieved rate) when judge metrics ran, and the run's problems with
+    the judge (pipelines.judge_options.judge_problems: a metric the judge could not compute for
+    more than judge_max_failed_fraction of its datums makes the run incomplete)."""
+    from pipelines.judge_options import judge_problems, judge_report
     from transforms.outputs import finalize_run
 
+    problems = []
     if judged:
-        run_info = dict(run_info, judge=judge_report(judge_stats))
+        report = judge_report(judge_stats)
+        run_info = dict(run_info, judge=report)
+        problems = judge_problems(list(judged_records), judge_max_failed_fraction,
+                                  report["error_samples"])
     return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
-                        max_rejected_fraction, n_scores)
+                        max_rejected_fraction, n_scores, problems=problems)
 
 
 RECORD_ORDER = METRICS
@@ -171,13 +181,20 @@ def run(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         args, config, models, slices, beam_args = parse_args(argv)
+        settings = config.judge_settings
+        if settings is not None and not settings.dry_run and not args.judge_skip_check:
+            # before any input is read or anything written: a judge that cannot answer would
+            # otherwise cost a whole run of failed calls (a dry run sends nothing: no check)
+            from pipelines.judge_options import check_judge
+
+            check_judge(settings, key_named=args.judge_api_key_env is not None)
     except UsageError as error:
         say_error(str(error))
         return EXIT_USAGE
 
     def build(pipeline, sources, num_shards, folder, run_info):
         build_pipeline(pipeline, sources, models, slices, config, num_shards, folder, args.quiet,
-                       started, run_info, args.max_rejected_fraction)
+                       started, run_info, args.max_rejected_fraction, args.judge_max_failed_fraction)
 
     def summarize(metrics_path, counts):
         from pipelines.summary import text_summary
@@ -195,7 +212,9 @@ def run(argv: list[str] | None = None) -> int:
     if config.judge is not None:
         from pipelines.judge_options import judge_options_info
 
-        options["judge"] = judge_options_info(config.judge_settings, config.judge, config.journal_root)
+        options["judge"] = dict(judge_options_info(config.judge_settings, config.judge, config.journal_root),
+                                max_failed_fraction=args.judge_max_failed_fraction,
+                                skip_check=args.judge_skip_check)
     return run_job(TASK, args, models, slices, beam_args, options,
                    check_source, build, summarize, started, min_shards=MIN_SHARDS,
                    outputs=("scores.jsonl",))

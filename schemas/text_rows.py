@@ -3,7 +3,12 @@
 Ground truth: {"datum_uid": str, "metadata"?: {...}, "query"?: str, "references"?: [str, ...],
 "condition"?: str}. Predictions: {"datum_uid": str, "response": str, "contexts"?: [str, ...]}.
 A row is rejected whole when a field has the wrong type (a reference or context that is not a
-string, a missing response...). Shared by `evalbeam text` and the LLM-judge metrics.
+string, a missing response...), when the metadata value of a --slice key is not finite (NaN,
+Infinity: JSON outputs cannot carry it) or cannot be written as JSON, and, for rows that come as
+Python dicts from a user's pipeline, when any string of the row holds a lone UTF-16 surrogate
+(rows read from files are checked for it by schemas.safe_json.loads_row, with a reason of the
+same form).
+Shared by `evalbeam text` and the LLM-judge metrics.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.rows import canonical_json
+from schemas.safe_json import lone_surrogate, slice_value_problem
+
+SURROGATE_REASON = ("{where} holds a lone UTF-16 surrogate (such as \\ud800 without its pair): "
+                    "not valid Unicode text")
 
 
 @dataclass
@@ -60,26 +69,51 @@ def _problem(row, scored: bool) -> str | None:
     return None
 
 
+def _slices(metadata: dict, slice_keys: list[str]) -> tuple[dict, str | None]:
+    """({key: canonical JSON of the value}, None), or ({}, reason) when a value cannot name a
+    slice: not finite, or not JSON at all (a Python object or a value nested past the recursion
+    limit in a row from a user's pipeline)."""
+    out = {}
+    for key in slice_keys:
+        value = metadata.get(key)
+        problem = slice_value_problem(key, value)
+        if problem:
+            return {}, problem
+        try:
+            out[key] = canonical_json(value)
+        except (TypeError, ValueError, RecursionError) as error:
+            return {}, f"metadata {key!r} cannot be written as JSON: {type(error).__name__}"
+    return out, None
+
+
 def text_rows(rows: list, positions: list, scored: bool, file_id: int, slice_keys: list[str],
-              check_condition=None):
+              check_condition=None, check_strings: bool = False):
     """([GroundTruthRow or PredictionRow], [(position, uid or None, reason)]) of one file's parsed
     rows. check_condition(text) -> reason or None rejects ground truth whose condition does not
-    parse (the reason names the column)."""
+    parse (the reason names the column). check_strings: reject rows holding a lone surrogate
+    (rows built in Python; JSON lines were checked when parsed). A rejected row's uid is left out
+    when it is not valid text."""
     good, bad = [], []
     for row, position in zip(rows, positions):
+        if check_strings:
+            where = lone_surrogate(row)
+            if where is not None:
+                bad.append((position, None, SURROGATE_REASON.format(where=where)))
+                continue
         problem = _problem(row, scored)
         uid = row.get("datum_uid") if isinstance(row, dict) else None
         if problem is None and not scored and row.get("condition") is not None and check_condition:
             reason = check_condition(row["condition"])
             problem = f"condition: {reason}" if reason else None
+        slices = {}
+        if problem is None and not scored and slice_keys:
+            slices, problem = _slices(row.get("metadata") or {}, slice_keys)
         if problem:
             bad.append((position, uid if isinstance(uid, str) else None, problem))
             continue
         if scored:
             good.append(PredictionRow(uid, position, file_id, row["response"], row.get("contexts")))
         else:
-            metadata = row.get("metadata") or {}
             good.append(GroundTruthRow(uid, position, file_id, row.get("query"), list(row.get("references") or []),
-                                       row.get("condition"),
-                                       {k: canonical_json(metadata.get(k)) for k in slice_keys}))
+                                       row.get("condition"), slices))
     return good, bad

@@ -277,6 +277,36 @@ def test_overall_deadline(server):
     assert 0.9 <= response.latency_s <= 1.6 and elapsed < 2.5
 
 
+def test_deadline_holds_for_retries_queued_behind_other_calls():
+    """Against a stand-in that never answers in time, with one request slot for three calls: a
+    retry that waits for the slot must still end at its call's deadline (before, it waited for
+    the slot whatever the deadline said and overran it by up to --judge_timeout: 365 s against
+    300 s; here by 1.5 s against 1.5 s)."""
+    from pipelines.judge_server import StandInServer
+
+    ends = []   # seconds past its deadline at which each call ended
+
+    class Timed(JudgeClient):
+        def _failure(self, req, state, started, status, error, reply=None):
+            ends.append((status, time.monotonic() - state.deadline))
+            return super()._failure(req, state, started, status, error, reply)
+
+    async def go(url):
+        async with Timed(url, KEY, rpm=60_000, tpm=10**9, concurrency=1, timeout_s=1.0, deadline_s=1.5,
+                         max_attempts=50, backoff_base_s=0.01, backoff_max_s=0.02) as client:
+            return await client.run([make(f"slow{i}") for i in range(3)])
+
+    with StandInServer(fault_rate=1.0, faults=("timeout",), timeout_fault_s=30) as server:
+        started = time.monotonic()
+        responses = asyncio.run(go(server.url))
+        elapsed = time.monotonic() - started
+    assert [r.status for r in responses] == ["timeout"] * 3
+    assert len(ends) == 3 and all(status == "timeout" for status, _ in ends)
+    assert all(-0.05 <= late <= 0.4 for _, late in ends), ends
+    # the calls start one after another (the slot is free at 0, 1 and 2 s): the last ends at 3.5 s
+    assert elapsed < 4.5
+
+
 # ------------------------------------------------------------------ limits
 
 

@@ -309,18 +309,48 @@ def test_stats_duplicates_and_reset():
 
 
 def test_cli_parsing():
-    args = build_parser().parse_args(["--port", "0", "--latency-ms", "5", "--rpm", "60",
-                                      "--fault-rate", "0.1", "--faults", "500,reset", "--seed", "3"])
+    args = build_parser().parse_args(["--port", "0", "--latency_ms", "5", "--rpm", "60",
+                                      "--fault_rate", "0.1", "--faults", "500,reset", "--seed", "3",
+                                      "--timeout_fault_s", "2", "--fault_retry_after_ms", "50"])
     assert (args.port, args.host, args.latency_ms, args.rpm) == (0, "127.0.0.1", 5.0, 60)
     assert args.faults == ("500", "reset") and args.seed == 3
+    assert (args.timeout_fault_s, args.fault_retry_after_ms) == (2.0, 50.0)
     state = state_from_args(args)
     assert state.fault_rate == 0.1 and state.faults == ("500", "reset")
     defaults = build_parser().parse_args(["--port", "8000"])
     assert defaults.faults == FAULT_KINDS and defaults.rpm is None and defaults.fault_rate == 0.0
-    for bad in (["--port", "1", "--faults", "500,boom"], ["--port", "1", "--fault-rate", "2"], []):
+    assert defaults.timeout_fault_s == 30.0 and defaults.latency_ms == 0.0
+    for bad in (["--port", "1", "--faults", "500,boom"], ["--port", "1", "--fault_rate", "2"],
+                ["--port", "1", "--fault-rate", "2"], []):
         with pytest.raises(SystemExit) as stop:
             build_parser().parse_args(bad)
         assert stop.value.code == 2
+
+
+def test_cli_flags_use_underscores_and_the_dashed_spellings_still_work(capsys):
+    """Every evalbeam command spells its options with underscores; scripts written with the
+    judge-server's earlier dashed flags keep working, but --help shows only the underscores."""
+    dashed = build_parser().parse_args(["--port", "0", "--latency-ms", "5", "--fault-rate", "0.1",
+                                        "--timeout-fault-s", "2", "--fault-retry-after-ms", "50"])
+    underscored = build_parser().parse_args(["--port", "0", "--latency_ms", "5", "--fault_rate", "0.1",
+                                             "--timeout_fault_s", "2", "--fault_retry_after_ms", "50"])
+    assert vars(dashed) == vars(underscored)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    shown = capsys.readouterr().out
+    for name in ("--latency_ms", "--fault_rate", "--timeout_fault_s", "--fault_retry_after_ms"):
+        assert name in shown and name.replace("_", "-") not in shown
+
+
+def test_models_endpoint_for_the_check_before_a_run():
+    """GET /v1/models (and /models) lists models; it is never faulted, rate limited or counted."""
+    with StandInServer(rpm=1, fault_rate=1.0, faults=("500",)) as server:
+        for url in (server.url + "/models", server.base + "/models", server.url + "/models"):
+            with urllib.request.urlopen(url, timeout=5) as response:
+                listed = json.loads(response.read())
+            assert response.status == 200 and listed["object"] == "list"
+            assert "gpt-4o-mini" in [m["id"] for m in listed["data"]]
+        assert server.stats()["requests"] == 0
 
 
 # ---------------------------------------------------------------- schemas written in the prompt
@@ -386,3 +416,15 @@ def test_busiest_window_counts_arrivals_in_half_open_windows():
     assert busiest_window([3.0, 0.0, 1.2, 0.5, 1.0], 1.0) == 3   # 0.5, 1.0, 1.2
     assert busiest_window([0.0, 1.0, 2.0], 1.0) == 1             # [t, t + 1) holds one of each pair
     assert busiest_window([0.0, 0.0, 0.0], 0.1) == 3
+
+
+def test_contradiction_rule_a_different_name_or_number_in_the_same_statement():
+    from pipelines.judge_server import contradiction
+
+    paris = ["The Eiffel Tower is in Paris.", "It was completed in 1889.", "Gustave Eiffel's company built it."]
+    assert contradiction("The Eiffel Tower is in Rome.", paris) == ("Rome", "Paris")
+    assert contradiction("Nice weather. It was completed in 1,925.", paris) == ("1925", "1889")
+    # the same statement, extra information, another statement about the same thing: none
+    for text in ("The Eiffel Tower is in Paris.", "The Eiffel Tower is in Paris, France, since 1889.",
+                 "The Eiffel Tower was designed by Stephen Sauvestre.", "Rome is in Italy.", ""):
+        assert contradiction(text, paris) is None, text

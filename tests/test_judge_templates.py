@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jsonschema
 import pytest
@@ -358,3 +359,17 @@ def test_broken_byop_files_raise_template_error(tmp_path, case, text, needle):
     with pytest.raises(TemplateError) as error:
         load_byop(path)
     assert path in str(error.value) and needle in str(error.value)
+
+
+def test_byop_path_that_is_no_template_file_is_refused_without_reading_it(tmp_path):
+    """A pipe would block the run before it starts and /dev/zero would never end; a TOML file
+    nested 5,000 deep made tomllib raise RecursionError (a traceback)."""
+    pipe = tmp_path / "pipe.toml"
+    os.mkfifo(pipe)
+    cases = [(write(tmp_path, "a = " + "[" * 5000 + "]" * 5000 + "\n", "deep.toml"), "nested too deeply"),
+             (write(tmp_path, "# " + "x" * (2 << 20) + "\n", "big.toml"), "a template may have at most"),
+             (str(pipe), "not a regular file"), ("/dev/zero", "not a regular file")]
+    for path, needle in cases:
+        with pytest.raises(TemplateError) as error:
+            load_byop(path)
+        assert path in str(error.value) and needle in str(error.value)

@@ -131,11 +131,17 @@ def test_permanent_errors_and_the_api_key_never_leaks(tmp_path, key_env, capfd):
                         "--metrics", "Bias,Faithfulness", "--output", tmp_path / "out",
                         *judge_args(server.url, key_env, "--judge_model", "fail-401", "--judge_journal",
                                     tmp_path / "journal"))
-    assert code == 0
+    # every judge call refused: the outputs are written, but the run is incomplete (exit 4)
+    assert code == 4
     metrics, scores, info = outputs(tmp_path / "out")
     bias = next(r for r in metrics if r["type"] == "Bias" and r["slice"] == {})
     assert bias["value"] is None and bias["counts"] == {"http_error": 12}
     assert info["judge"]["failed_by_status"]["http_error"] > 0
+    assert info["status"] == "incomplete"
+    failed = {p["message"].split(":")[0]: p for p in info["problems"] if p["code"] == "judge_failed"}
+    assert set(failed) == {"judge metric Bias", "judge metric Faithfulness"}
+    assert all(p["severity"] == "error" and "12 of 12" in p["message"] and "http_error 12" in p["message"]
+               and "HTTP 401" in p["message"] for p in failed.values())
     printed = capfd.readouterr()
     texts = [printed.out, printed.err]
     for root in (tmp_path / "out", tmp_path / "journal"):

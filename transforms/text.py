@@ -43,12 +43,13 @@ def score_line(row: dict) -> str:
 
 
 def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
-               check_condition):
+               check_condition, check_strings=False):
     """Shard pieces (main output) of one source's parsed rows, with rejects and stats (tagged).
-    Rows from a PCollection have position None and name their source as the file."""
+    Rows from a PCollection have position None and name their source as the file; their strings
+    are checked for lone surrogates (check_strings), which JSON lines were checked for when parsed."""
     scored = name != GROUNDTRUTHS
     good, bad = text_rows(rows, [-1 if p is None else p for p in positions], scored, file_id,
-                          slice_keys if not scored else [], check_condition)
+                          slice_keys if not scored else [], check_condition, check_strings)
     for position, uid, reason in rejected + bad:
         position = None if position is None or position < 0 else position
         yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
@@ -100,7 +101,7 @@ class TextRowsFromDicts(beam.DoFn):
         source, batch = element
         yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
                               self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards,
-                              "row", _condition_checker(self.config))
+                              "row", _condition_checker(self.config), check_strings=True)
 
 
 class MatchText(ProgressDoFn):

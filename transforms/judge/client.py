@@ -30,9 +30,11 @@ Per call:
   error looks like a content filter (code content_filter / content_policy_violation, or the text
   "content management policy" / "content filter"); 429 insufficient_quota -> quota_exceeded.
 - Timeouts: `timeout_s` per attempt (connect capped at 5 s); `deadline_s` per call counted from
-  when its first attempt is sent (queueing behind the limiter before that does not count),
-  covering retries, sleeps, the limiter and the repair. A retry whose wait would cross the
-  deadline is not made. Deadline -> timeout.
+  when its first attempt is sent (queueing for a slot and behind the limiter before that does
+  not count), covering everything after: retries, backoff sleeps, waits for a free request slot
+  and for the limiter, the repair, and the request in flight (its timeout is cut to what is left).
+  A retry whose wait would cross the deadline is not made. Deadline -> timeout. A call ends within
+  a few milliseconds of its deadline (aiohttp's rounding of timeouts to whole seconds is off).
 - Rate limits (limits.py): the concurrency semaphore is taken first, then the rpm/tpm limiter,
   so requests waiting for a slot cannot bank rate and burst later. Usage corrects the token
   estimate; x-ratelimit-* headers may pause the limiter.
@@ -54,6 +56,7 @@ import email.utils
 import functools
 import json
 import logging
+import math
 import random
 import time
 import typing
@@ -388,10 +391,19 @@ class JudgeClient:
             endpoint = "chat/completions"
             estimate = estimate_tokens(((m["role"], m["content"]) for m in body["messages"]), req.max_tokens)
         assert self._semaphore is not None and self._session is not None
-        async with self._semaphore:
+        remaining = self._remaining(state)
+        if remaining is not None and remaining <= 0:
+            raise _Transient(rq.TIMEOUT, "deadline passed", give_up=True)
+        try:
+            # Once the call has started, waiting for a slot counts against its deadline: a retry
+            # queued behind other calls' slow attempts would otherwise overrun it by up to
+            # timeout_s (the judge's 300 s deadline overran to 365 s that way).
+            await asyncio.wait_for(self._semaphore.acquire(), remaining)
+        except asyncio.TimeoutError:
+            raise _Transient(rq.TIMEOUT, "deadline passed waiting for a free request slot",
+                             give_up=True) from None
+        try:
             remaining = self._remaining(state)
-            if remaining is not None and remaining <= 0:
-                raise _Transient(rq.TIMEOUT, "deadline passed", give_up=True)
             try:
                 # the limiter wait counts against the deadline only once the call has started
                 await asyncio.wait_for(self.limiter.acquire(estimate), remaining)
@@ -402,7 +414,10 @@ class JudgeClient:
             state.attempts += 1
             state.budget_attempts += 1
             per_attempt = min(self.timeout_s, max(self._remaining(state), 0.001))
-            timeout = aiohttp.ClientTimeout(total=per_attempt, connect=min(5.0, per_attempt))
+            # ceil_threshold: aiohttp rounds timeouts above it (5 s by default) up to the next whole
+            # second to share timers; a call's last attempt must end at its deadline, not 1 s after
+            timeout = aiohttp.ClientTimeout(total=per_attempt, connect=min(5.0, per_attempt),
+                                            ceil_threshold=math.inf)
             try:
                 async with self._session.post(f"{self.url}/{endpoint}", json=body, timeout=timeout) as resp:
                     status = resp.status
@@ -412,6 +427,8 @@ class JudgeClient:
                 raise _Transient(rq.TIMEOUT, f"attempt timed out after {per_attempt:.3g}s") from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise _Transient(rq.HTTP_ERROR, f"connection error: {type(exc).__name__}: {exc}") from None
+        finally:
+            self._semaphore.release()
         self.limiter.observe_headers(headers)
         if status == 200:
             if req.kind == "embedding":

@@ -24,7 +24,9 @@ Counters (take_stats): requests, cached, shared, sent, status:<status>, prompt_t
 completion_tokens, cost, send_seconds, and per metric requests@<metric>, sent@<metric>,
 cost@<metric>, dry_run@<metric> (a request shared by two metrics counts for the one that asked
 first); min:first_send and max:last_done (epoch seconds) give the achieved request rate when
-the counters of several workers are merged (min and max, not sums).
+the counters of several workers are merged (min and max, not sums); sample:<status> holds the
+error text (redacted by the client) of one failed request of that status, the least in text
+order when merged, so the sample does not depend on timing or workers.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ def simulated_content(request):
 
 
 def merge_counters(parts) -> dict:
-    """The counters of several take_stats() dicts (workers, bundles) in one: "min:" and "max:"
-    keys by min and max, every other counter summed. Associative, so it serves as a
+    """The counters of several take_stats() dicts (workers, bundles) in one: "min:", "max:" and
+    "sample:" keys by min, max and min, every other counter summed. Associative, so it serves as a
     CombineGlobally function (it is also given its own partial results)."""
     out: dict = {}
     for part in parts:
@@ -82,6 +84,8 @@ def merge_counters(parts) -> dict:
                 out[key] = min(out[key], value)
             elif key.startswith("max:"):
                 out[key] = max(out[key], value)
+            elif key.startswith("sample:"):
+                out[key] = min(out[key], value)
             else:
                 out[key] += value
     return out
@@ -215,6 +219,9 @@ class JudgeSession:
         self.stats["sent"] += 1
         self.stats[f"sent@{metric}"] += 1
         self._count(metric, response.status, used_prompt, used_completion, cost)
+        if response.status != "ok" and response.error:
+            key = f"sample:{response.status}"
+            self.stats[key] = min(self.stats.get(key, response.error), response.error)
         return record
 
     def _count(self, metric, status, prompt, completion, cost):

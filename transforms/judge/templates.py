@@ -17,7 +17,9 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 
@@ -162,12 +164,25 @@ def load_byop(path: str) -> Template:
     return _build(path, built, min_examples=0)
 
 
+# A template is a few KiB; a bound keeps a wrong path (a device, a huge file) from being read whole.
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
 def _read_toml(path: str) -> dict:
+    """The TOML of a template file, which must be a regular file of at most MAX_TEMPLATE_BYTES
+    (a pipe would block, /dev/zero never ends); TemplateError otherwise."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            _fail(path, "not a regular file (a pipe, device or folder cannot be a template)")
+        if info.st_size > MAX_TEMPLATE_BYTES:
+            _fail(path, f"{info.st_size:,} bytes; a template may have at most {MAX_TEMPLATE_BYTES:,}")
         with open(path, "rb") as stream:
             return tomllib.load(stream)
     except tomllib.TOMLDecodeError as error:
         _fail(path, f"invalid TOML: {error}")
+    except RecursionError:
+        _fail(path, "invalid TOML: arrays or tables nested too deeply")
     except (OSError, UnicodeDecodeError) as error:
         _fail(path, f"cannot read the file: {error}")
 
