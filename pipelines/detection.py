@@ -13,6 +13,7 @@ import sys
 import time
 
 from schemas.formats import format_of
+from schemas.limits import MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
 from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
                               parse_float_list, parse_models, parse_slices, run_job, say_error,
                               split_beam_args)
@@ -53,7 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "DetailedPrecisionRecallCurve (default 1)")
     parser.add_argument("--pr_curve_thresholds", default=None, metavar="S[,S...]",
                         help="score thresholds of the PrecisionRecallCurve (default 0.05..0.95)")
+    parser.add_argument("--max_image_pixels", type=int, default=MAX_IMAGE_PIXELS, metavar="N",
+                        help="largest mask a row may hold, in pixels (height x width of a raster "
+                             "or RLE, and of an image whose polygons are rasterised with --iou_type "
+                             "segm; default 100000000); larger rows are rejected")
     return parser
+
+
+def is_coco_name(path: str) -> bool:
+    """COCO files are single JSON documents: .json, or .json.gz (any compression suffix
+    transforms.io.open_input reads); native rows are .jsonl/.ndjson or Parquet."""
+    lower = path.lower()
+    return lower.endswith((".json", ".json.gz", ".json.bz2", ".json.xz", ".json.deflate"))
 
 
 def parse_args(argv: list[str]):
@@ -61,9 +73,8 @@ def parse_args(argv: list[str]):
 
     args, rest = build_parser().parse_known_args(argv)
     beam_args = split_beam_args(rest)
-    # COCO files are single JSON documents (.json); native rows are .jsonl/.ndjson or Parquet
     native = (format_of(args.groundtruths) in ("jsonl", "parquet")
-              and not args.groundtruths.lower().endswith(".json"))
+              and not is_coco_name(args.groundtruths))
     if args.protocol is None:
         args.protocol = "valor" if native else "coco"
     if native and args.iou_type == "segm" and args.protocol == "coco":
@@ -71,6 +82,9 @@ def parse_args(argv: list[str]):
                          "rows do not carry: use --protocol valor (exact polygon IoU) or COCO files")
     if args.score_bins is not None and args.score_bins < 1:
         raise UsageError("--score_bins takes a number >= 1")
+    if not 1 <= args.max_image_pixels <= MAX_RLE_PIXELS:
+        raise UsageError(f"--max_image_pixels must lie in [1, {MAX_RLE_PIXELS}] (pycocotools' "
+                         f"RLE run lengths are 32-bit); got {args.max_image_pixels}")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
@@ -97,25 +111,33 @@ def parse_args(argv: list[str]):
 
 def check_coco_source(name: str, source) -> None:
     """A COCO file is one JSON document: an object with images and annotations (ground truth)
-    or an array of detections (results)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from transforms.io import InputError
+    or an array of detections (results). Only its first 64 KiB are read here (a UTF-8 byte
+    order mark skipped); the whole document is checked by the worker that reads it."""
+    from schemas.safe_json import BOM, loads_row
+    from transforms.io import InputError, open_input
 
     if len(source.files) != 1:
         what = ("the ground truth must be one COCO instances JSON file" if name == "groundtruths"
                 else f"the predictions of {name} must be one COCO results JSON file")
         raise InputError(f"{source.pattern!r} matches {len(source.files)} files; {what}.")
     for path in source.files:
-        if not path.lower().endswith(".json"):
+        if not is_coco_name(path):
             raise InputError(f"{path} (given for {name}) is not a COCO JSON file; evalbeam "
                              "detection reads COCO instances (ground truth) and results (predictions) "
                              "JSON files so far.")
         try:
-            with FileSystems.open(path) as stream:
-                head = stream.read(1 << 16).lstrip()
+            with open_input(path) as stream:
+                head = stream.read(1 << 16)
+        except InputError:
+            raise
         except Exception as error:
             raise InputError(f"cannot read {path} (given for {name}): {error}") from None
+        head = (head[len(BOM):] if head.startswith(BOM) else head).lstrip()
+        first, _ = loads_row(head.split(b"\n", 1)[0]) if b"\n" in head else (None, None)
+        if isinstance(first, dict) and "datum_uid" in first:
+            raise InputError(f"{path} (given for {name}) holds native detection rows (JSON lines "
+                             "with datum_uid), but .json names a COCO file: name the native files "
+                             ".jsonl (or .ndjson).")
         expected = b"{" if name == "groundtruths" else b"["
         if head[:1] != expected:
             kind = "an instances file (a JSON object)" if name == "groundtruths" else \
@@ -133,14 +155,15 @@ def check_native_source(name: str, source) -> None:
     from transforms.io import InputError, preflight
 
     for path in source.files:
-        if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
+        if format_of(path) not in ("jsonl", "parquet") or is_coco_name(path):
             raise InputError(f"{path} (given for {name}) is not a .jsonl or .parquet file; the ground "
                              "truth is native rows, so every input must be.")
-    preflight(source, None, ("datum_uid", "annotations"), [])
+    preflight(source, None, ("datum_uid", "annotations"), [], task=TASK)
 
 
 def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, folder, quiet,
-                   started, run_info, max_rejected_fraction, protocol, native):
+                   started, run_info, max_rejected_fraction, protocol, native,
+                   max_pixels: int = MAX_IMAGE_PIXELS):
     import apache_beam as beam
 
     from transforms.classification import reject_sort_key
@@ -148,8 +171,9 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
     from transforms.io import WriteJsonl
     from transforms.outputs import finalize_run
 
-    metrics, rejected, stats = pipeline | "Detection" >> EvaluateDetectionFiles(
-        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol, native)
+    metrics, rejected, stats, problems = pipeline | "Detection" >> EvaluateDetectionFiles(
+        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol, native,
+        max_pixels)
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     _ = (stats
@@ -157,7 +181,7 @@ def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, fold
          | "GatherStats" >> beam.combiners.ToList()
          | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction))
+                                 max_rejected_fraction, problems=beam.pvalue.AsList(problems)))
 
 
 RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
@@ -186,7 +210,8 @@ def run(argv: list[str] | None = None) -> int:
 
     def build(pipeline, sources, num_shards, folder, run_info):
         build_pipeline(pipeline, sources, models, slices, args.iou_type, num_shards, folder,
-                       args.quiet, started, run_info, args.max_rejected_fraction, protocol, native)
+                       args.quiet, started, run_info, args.max_rejected_fraction, protocol, native,
+                       args.max_image_pixels)
 
     def summarize(metrics_path, counts):
         from pipelines.summary import detection_summary
@@ -201,7 +226,7 @@ def run(argv: list[str] | None = None) -> int:
 
     return run_job(TASK, args, models, slices, beam_args,
                    {"iou_type": args.iou_type, "protocol": protocol.name,
-                    "score_bins": protocol.score_bins,
+                    "score_bins": protocol.score_bins, "max_image_pixels": args.max_image_pixels,
                     "iou_thresholds": list(protocol.iou_thresholds),
                     **({"score_thresholds": list(protocol.score_thresholds),
                         "pr_curve_thresholds": list(protocol.pr_curve_thresholds),

@@ -26,8 +26,16 @@ def _fmt(value) -> str:
 
 
 def classification_summary(metrics_path: str, counts: dict, config) -> str:
-    """One row per (model, slice, label key): accuracy and macro precision/recall/F1 at the first
-    score threshold, and mROCAUC."""
+    """One row per (model, slice, label key): accuracy, macro precision/recall/F1 at the first
+    score threshold, and mROCAUC.
+
+    The macro means average over the label values present in the slice: those with a ground
+    truth there or predicted there at the threshold (tp + fp + fn > 0 in their Counts record),
+    which is scikit-learn's default label set (labels=None: the union of y_true and y_pred). A
+    value that is only scored, never top-scoring (with hardmax) or never above the threshold,
+    and is nobody's ground truth, has precision = recall = 0 by zero division and would drag
+    the mean down for nothing. Without Counts records (--metrics left them out) presence is
+    unknown and the mean covers every value with a record; a note under the table says so."""
     threshold = config.score_thresholds[0]
     table: dict[tuple, dict] = {}
     with FileSystems.open(metrics_path) as stream:
@@ -36,33 +44,51 @@ def classification_summary(metrics_path: str, counts: dict, config) -> str:
             params = record["parameters"]
             if params.get("score_threshold", threshold) != threshold:
                 continue
-            key = params.get("label_key") or (params.get("label") or {}).get("key")
-            row = table.setdefault((record["model"], json.dumps(record["slice"]), key), {})
+            label = params.get("label") or {}
+            key = params.get("label_key") or label.get("key")
+            row = table.setdefault((record["model"], json.dumps(record["slice"]), key),
+                                   {"values": {}})
             kind = record["type"]
-            if kind in ("Precision", "Recall", "F1"):
-                row.setdefault(kind, []).append(record["value"])
+            if kind in ("Precision", "Recall", "F1", "Counts"):
+                row["values"].setdefault(label.get("value"), {})[kind] = record["value"]
             elif kind in ("Accuracy", "mROCAUC"):
                 row[kind] = record["value"]
-    rows = []
+    rows, unknown_presence = [], False
     for (model, slice_text, key), row in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1] != "{}", kv[0][1], kv[0][2])):
-        macro = {k: (sum(v) / len(v) if v else None) for k, v in row.items() if isinstance(v, list)}
+        values = list(row["values"].values())
+        if values and all("Counts" in v for v in values):
+            values = [v for v in values
+                      if v["Counts"]["tp"] + v["Counts"]["fp"] + v["Counts"]["fn"] > 0]
+        elif values:
+            unknown_presence = True
+        macro = {}
+        for kind in ("Precision", "Recall", "F1"):
+            found = [v[kind] for v in values if kind in v]
+            macro[kind] = sum(found) / len(found) if found else None
         slice_value = json.loads(slice_text)
         rows.append([model, ", ".join(f"{k}={v}" for k, v in slice_value.items()) or "(all)", key,
-                     _fmt(row.get("Accuracy")), _fmt(macro.get("Precision")),
-                     _fmt(macro.get("Recall")), _fmt(macro.get("F1")), _fmt(row.get("mROCAUC"))])
+                     _fmt(row.get("Accuracy")), _fmt(macro["Precision"]),
+                     _fmt(macro["Recall"]), _fmt(macro["F1"]), _fmt(row.get("mROCAUC"))])
     header = ["model", "slice", "label key", "accuracy", "precision", "recall", "F1", "mROCAUC"]
     hardmax = "hardmax" if config.hardmax else "no hardmax"
     title = (f"\nClassification summary (score threshold {threshold}, {hardmax}; precision, "
-             f"recall and F1 are macro means over label values)")
+             f"recall and F1 are macro means over the label values present in the slice, as "
+             f"ground truth or prediction: scikit-learn's default label set)")
+    note = ("\n(Counts not computed: those means cover every label value with a record, also "
+            "values present in neither role.)" if unknown_presence else "")
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
-    return f"{title}\n{_table(header, rows)}\n\n{inputs}"
+    return f"{title}\n{_table(header, rows)}{note}\n\n{inputs}"
 
 
 def detection_summary(metrics_path: str, counts: dict) -> str:
-    """One row per (model, slice): the 12 COCO statistics (-1: undefined)."""
-    names = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge", "AR1", "AR10", "AR100")
+    """COCO protocol: all 12 COCO statistics per (model, slice), in two tables of six columns
+    (average precision, average recall) so each fits a terminal; "-" where a statistic is
+    undefined (-1 in metrics.jsonl: no ground truth in that area range). Valor protocol: mAP
+    averaged over the IoU thresholds."""
+    precision = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge")
+    recall = ("AR1", "AR10", "AR100", "ARsmall", "ARmedium", "ARlarge")
     rows, valor = [], []
     with FileSystems.open(metrics_path) as stream:
         for line in stream:
@@ -74,7 +100,7 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
             where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
             if "bound" in record["parameters"]:
                 where += f" [{record['parameters']['bound']} bound]"
-            rows.append([record["model"], where] + [f"{record['value'][n]:.4f}" for n in names])
+            rows.append(([record["model"], where], record["value"]))
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
@@ -83,8 +109,17 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
                  f"{r['value']:.4f}"] for r in valor]
         title = "\nDetection summary (valor protocol: mAP averaged over the IoU thresholds)"
         return f"{title}\n{_table(['model', 'slice', 'mAP'], rows)}\n\n{inputs}"
-    title = "\nDetection summary (COCO protocol; AP/AR at IoU .50:.95 unless named; maxDets 100)"
-    return f"{title}\n{_table(['model', 'slice', *names], rows)}\n\n{inputs}"
+
+    def stat(value) -> str:
+        return "-" if value == -1 else f"{value:.4f}"
+
+    tables = [_table(["model", "slice", *names], [cells + [stat(value[n]) for n in names]
+                                                  for cells, value in rows])
+              for names in (precision, recall)]
+    title = ("\nDetection summary (COCO protocol; IoU .50:.95 and maxDets 100 unless named)\n"
+             "(\"-\": undefined, no ground truth in that area range)")
+    return (f"{title}\nAverage precision\n{tables[0]}\n\nAverage recall\n{tables[1]}"
+            f"\n\n{inputs}")
 
 
 def segmentation_summary(metrics_path: str, counts: dict) -> str:

@@ -13,17 +13,21 @@ area is the area of its geometry. Geometries are converted as Valor does (geomet
 
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from schemas.coco import rle_problem
-from schemas.coco_rows import BoxRows, ImageRows
+from schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
+from schemas.limits import MAX_IMAGE_PIXELS
 from schemas.rows import canonical_json
+from schemas.safe_json import slice_value_problem
 from transforms.kernels.hashing import fnv1a_64
 from transforms.kernels.masks import Raster, geometry_area
+
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass
@@ -48,7 +52,8 @@ def stable_id(texts: list[str]) -> np.ndarray:
 
 
 def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float (compared, not converted: an int beyond float range is not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and -_FLOAT_MAX <= x <= _FLOAT_MAX
 
 
 def polygon_of(value):
@@ -78,10 +83,10 @@ def polygon_of(value):
     return shapely.MultiPolygon(parts) if all(p is not None for p in parts) else None
 
 
-def raster_of(value):
-    """A Raster from a COCO RLE object (compressed string or list of run lengths), or the reason
-    it cannot be one (a str)."""
-    problem = rle_problem(value)
+def raster_of(value, max_pixels: int = MAX_IMAGE_PIXELS):
+    """A Raster from a COCO RLE object (compressed string or list of run lengths) of at most
+    max_pixels pixels, or the reason it cannot be one (a str)."""
+    problem = rle_problem(value, max_pixels)
     if problem:
         return f"raster: {problem}"
     rle = {"size": list(value["size"]), "counts": value["counts"]}
@@ -94,20 +99,28 @@ def raster_of(value):
     return Raster(rle)
 
 
+def _bounded(x) -> bool:
+    """A number within +-MAX_COORDINATE (so finite): one comparison chain, as cheap as isfinite."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and -MAX_COORDINATE <= x <= MAX_COORDINATE
+
+
 def _box_problem(box) -> str | None:
-    if not isinstance(box, list) or len(box) != 4 or not all(_finite(v) for v in box):
+    if not isinstance(box, list) or len(box) != 4 or not all(_bounded(v) for v in box):
+        if isinstance(box, list) and len(box) == 4 and all(_finite(v) for v in box):
+            return coordinate_problem("bbox", box)
         return "bbox must be [xmin, ymin, xmax, ymax] with 4 finite numbers"
     if box[2] < box[0] or box[3] < box[1]:
         return "bbox has xmax < xmin or ymax < ymin"
     return None
 
 
-def geometry_of(ann: dict, geometry: str):
+def geometry_of(ann: dict, geometry: str, max_pixels: int = MAX_IMAGE_PIXELS):
     """The annotation's geometry for the IoU type, or the reason it has none (a str).
 
     "bbox": the bbox, else the bounds of its polygon or raster (a tuple). "polygon" (segm): the
     polygon (shapely) or raster (Raster), else its bbox as a rectangle. Keys are tried in that
-    order; the first one present decides."""
+    order; the first one present decides. Boxes and polygons must lie within +-MAX_COORDINATE
+    (their areas and IoUs stay finite), rasters within max_pixels pixels."""
     kinds = ("bbox", "polygon", "raster") if geometry == "bbox" else ("polygon", "raster", "bbox")
     key = next((k for k in kinds if k in ann), None)
     if key is None:
@@ -125,10 +138,12 @@ def geometry_of(ann: dict, geometry: str):
         shape = polygon_of(ann["polygon"])
         if shape is None:
             return "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"
+        if max(map(abs, shape.bounds)) > MAX_COORDINATE:   # bounds hold the extreme coordinates
+            return coordinate_problem("polygon", shape.bounds)
         if not shape.is_valid:
             return "polygon is not valid (it crosses itself or its rings overlap)"
     else:
-        shape = raster_of(ann["raster"])
+        shape = raster_of(ann["raster"], max_pixels)
         if isinstance(shape, str):
             return shape
     return shape.bounds if geometry == "bbox" else shape
@@ -136,10 +151,10 @@ def geometry_of(ann: dict, geometry: str):
 
 def _annotation_problem(ann, scored: bool) -> str | None:
     if not isinstance(ann, dict):
-        return "each annotation must be an object"
+        return "not an object"
     label = ann.get("label")
     if not isinstance(label, str) or not label:
-        return "annotation without label"
+        return "no label (a non-empty string)"
     if scored:
         score = ann.get("score")
         if not _finite(score) or not 0.0 <= score <= 1.0:
@@ -147,14 +162,20 @@ def _annotation_problem(ann, scored: bool) -> str | None:
     return None
 
 
+def _metadata(row: dict, key: str):
+    m = row.get("metadata")
+    return m.get(key) if isinstance(m, dict) else None
+
+
 def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str], file_id: int = 0,
-                geometry: str = "bbox"):
+                geometry: str = "bbox", max_pixels: int = MAX_IMAGE_PIXELS):
     """(ImageRows or RowIndex, BoxRows, [(position, uid, reason)]) from parsed rows.
 
     Ground truth (scored=False) gives ImageRows (one image per datum, slice values from
     metadata); predictions give a RowIndex. A row is rejected as a whole when it is not an
-    object, its datum_uid is missing or empty, its annotations are missing or not a list, or one
-    annotation is invalid. geometry "polygon" reads the "polygon" of each annotation (shapely
+    object, its datum_uid is missing or empty, its annotations are missing or not a list, one
+    annotation is invalid (the reason names it by its 0-based index: "annotation 2: ..."), or a
+    slice value is not finite. geometry "polygon" reads the "polygon" of each annotation (shapely
     geometries in BoxRows.segmentation; bbox = bounds, ground-truth area = polygon area)."""
     good, bad = [], []
     for row, position in zip(rows, positions):
@@ -166,12 +187,14 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
         elif not isinstance(row.get("annotations"), list):
             problem = "missing annotations"
         else:
-            problem, geometries = None, []
-            for a in row["annotations"]:
+            problem = (next(filter(None, (slice_value_problem(k, _metadata(row, k))
+                                          for k in slice_keys)), None) if slice_keys else None)
+            geometries = []
+            for i, a in enumerate(row["annotations"] if problem is None else ()):
                 problem = _annotation_problem(a, scored)
-                found = geometry_of(a, geometry) if problem is None else problem
+                found = geometry_of(a, geometry, max_pixels) if problem is None else problem
                 if isinstance(found, str):
-                    problem = found
+                    problem = f"annotation {i}: {found}"
                     break
                 geometries.append(found)
         if problem:
@@ -203,13 +226,10 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
     if scored:
         return RowIndex(image_id, uids, position, np.full(len(good), file_id, np.int32)), box_rows, bad
 
-    def meta(row, key):
-        m = row.get("metadata")
-        return m.get(key) if isinstance(m, dict) else None
-
     images = ImageRows(image_id=image_id, height=np.zeros(len(good), np.int64),
                        width=np.zeros(len(good), np.int64),
-                       slices={k: [canonical_json(meta(row, k)) for row, _, _ in good] for k in slice_keys},
+                       slices={k: [canonical_json(_metadata(row, k)) for row, _, _ in good]
+                               for k in slice_keys},
                        position=position, file_id=np.full(len(good), file_id, np.int32), uid=uids)
     return images, box_rows, bad
 

@@ -149,14 +149,14 @@ def test_bad_native_rows(tmp_path):
     assert found == [
         ("groundtruths", 2, "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
         ("groundtruths", 3, "missing or empty datum_uid"),
-        ("groundtruths", 4, "bbox has xmax < xmin or ymax < ymin"),
-        ("groundtruths", 5, "raster: RLE run lengths must be non-negative and add up to height * width = 4"),
-        ("groundtruths", 6, "annotation without label"),
+        ("groundtruths", 4, "annotation 0: bbox has xmax < xmin or ymax < ymin"),
+        ("groundtruths", 5, "annotation 0: raster: RLE run lengths must be non-negative and add up to height * width = 4"),
+        ("groundtruths", 6, "annotation 0: no label (a non-empty string)"),
         ("groundtruths", 7, "datum_uid appears 2 times in groundtruths"),
         ("groundtruths", 8, "datum_uid appears 2 times in groundtruths"),
         ("groundtruths", 9, "missing annotations"),
         ("m", 2, "no valid ground truth for this datum_uid"),
-        ("m", 3, "score 1.2 is not a number in [0, 1]"),
+        ("m", 3, "annotation 0: score 1.2 is not a number in [0, 1]"),
         ("m", 4, "no valid ground truth for this datum_uid"),
     ]
     info = json.loads((tmp_path / "out" / "run.json").read_text())
@@ -238,9 +238,9 @@ def test_polygon_iou_by_hand_and_bad_polygons(tmp_path):
     assert ap[0.5] == pytest.approx(1.0, abs=1e-12) and ap[0.55] == 0.0
     reasons = sorted((r["line"], r["reason"]) for r in read_jsonl(tmp_path / "out" / "rejected.jsonl"))
     assert reasons == [
-        (2, "polygon is not valid (it crosses itself or its rings overlap)"),
-        (3, "polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"),
-        (4, "raster: RLE \"counts\" is not a valid compressed COCO RLE string"),
+        (2, "annotation 0: polygon is not valid (it crosses itself or its rings overlap)"),
+        (3, "annotation 0: polygon must be [[x, y], ...] with at least 3 finite points (or rings / polygons)"),
+        (4, "annotation 0: raster: RLE \"counts\" is not a valid compressed COCO RLE string"),
     ]
 
 

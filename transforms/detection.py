@@ -15,15 +15,15 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from schemas.coco import to_rle
-from schemas.coco_rows import BoxRows, ImageRows, box_rows, image_rows
+from schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco_document, image_rows
 from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
 from schemas.formats import position_name
+from schemas.limits import MAX_IMAGE_PIXELS
 from schemas.rows import canonical_json, reject
-from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, parse_rows,
-                           read_pcollections)
+from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
+                           open_input, parse_rows, read_pcollections)
 from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
                                           BinnedState, CocoState, DetailedState,
                                           ValorBinnedState, accumulate,
@@ -87,15 +87,18 @@ class ReadCocoFile(ProgressDoFn):
 
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))) and the categories as
     TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model, (area_from_bbox,
-    BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS."""
+    BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS. A file that is
+    not one usable COCO document (cut short, not JSON, nested too deep, of the wrong shape)
+    raises transforms.io.ReadError: the launcher reports it as an input error (exit 2)."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
-                 quiet: bool, started: float):
+                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
         super().__init__(quiet, started)
         self.sources = sources
         self.iou_type = iou_type
         self.slice_keys = slice_keys
         self.num_shards = num_shards
+        self.max_pixels = max_pixels
 
     def _rejects(self, name, path, bad, what=""):
         for position, reason in bad:
@@ -105,8 +108,10 @@ class ReadCocoFile(ProgressDoFn):
     def process(self, element):
         name, file_id = element
         path = self.sources[name].files[file_id]
-        with FileSystems.open(path) as stream:
-            obj = json.loads(stream.read())
+        with open_input(path) as stream:
+            obj, reason = coco_document(stream.read())
+        if reason:
+            raise ReadError(f"{path} (given for {name}) {reason}. Nothing of it was used.")
         segm = self.iou_type == "segm"
         if name == GROUNDTRUTHS:
             yield from self._groundtruth(name, path, obj, segm)
@@ -115,23 +120,45 @@ class ReadCocoFile(ProgressDoFn):
         self.progress.say(path, f"read {path}", force=True)
 
     def _groundtruth(self, name, path, obj, segm):
-        images, bad_images = image_rows(obj.get("images", []), self.slice_keys)
-        anns, bad = box_rows(obj.get("annotations", []), detections=False, need_segmentation=segm)
-        categories = sorted((c for c in obj.get("categories", [])
-                             if isinstance(c, dict) and isinstance(c.get("id"), int)),
+        if not isinstance(obj, dict):
+            raise ReadError(f"{path} (given for {name}) is not a COCO instances file (a JSON "
+                            "object). Nothing of it was used.")
+        lists = {key: obj.get(key, []) for key in ("images", "annotations", "categories")}
+        wrong = [key for key, value in lists.items() if not isinstance(value, list)]
+        if wrong:
+            raise ReadError(f"{path} (given for {name}) is not a COCO instances file: its "
+                            f"\"{wrong[0]}\" is not a JSON array. Nothing of it was used.")
+        images, bad_images = image_rows(lists["images"], self.slice_keys, need_size=segm,
+                                        max_pixels=self.max_pixels)
+        anns, bad = box_rows(lists["annotations"], detections=False, need_segmentation=segm,
+                             max_pixels=self.max_pixels)
+        categories = sorted((c for c in lists["categories"]
+                             if isinstance(c, dict) and isinstance(c.get("id"), int)
+                             and not isinstance(c["id"], bool) and INT64[0] <= c["id"] <= INT64[1]),
                             key=lambda c: c["id"])
         category_id = np.array([c["id"] for c in categories], dtype=np.int64)
         if category_id.size != np.unique(category_id).size:
-            raise ValueError(f"{path}: category ids are not unique")
+            raise ReadError(f"{path} (given for {name}) has category ids that are not unique, so "
+                            "a category_id cannot name one category. Nothing of it was used.")
         known_image = np.isin(anns.image_id, images.image_id)
         known_category = np.isin(anns.category_id, category_id)
-        extra = [(int(p), "image_id has no entry in \"images\"") for p in anns.position[~known_image]]
+        # images rejected for their own reasons (a repeated id, a slice value, a size) still
+        # have ids: their annotations are rejected as such, not as naming no image
+        rejected_ids = np.array(sorted({im["id"] for im in lists["images"] if isinstance(im, dict)
+                                        and isinstance(im.get("id"), int)
+                                        and INT64[0] <= im["id"] <= INT64[1]}
+                                       - set(images.image_id.tolist())), dtype=np.int64)
+        of_rejected = np.isin(anns.image_id, rejected_ids)
+        extra = [(int(p), "image_id names an image that was rejected (see its entry in \"images\")")
+                 for p in anns.position[of_rejected]]
+        extra += [(int(p), "image_id has no entry in \"images\"")
+                  for p in anns.position[~known_image & ~of_rejected]]
         extra += [(int(p), "category_id has no entry in \"categories\"")
                   for p in anns.position[known_image & ~known_category]]
         anns = anns.take(np.flatnonzero(known_image & known_category))
         yield from self._rejects(name, path, bad_images, "image: ")
         yield from self._rejects(name, path, sorted(bad + extra))
-        n_read = len(obj.get("annotations", [])) + len(obj.get("images", []))
+        n_read = len(lists["annotations"]) + len(lists["images"])
         n_bad = len(bad_images) + len(bad) + len(extra)
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_read))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), n_bad))
@@ -148,10 +175,11 @@ class ReadCocoFile(ProgressDoFn):
 
     def _results(self, name, path, obj, segm):
         if not isinstance(obj, list):
-            raise ValueError(f"{path}: a COCO results file is a JSON array of detections")
+            raise ReadError(f"{path} (given for {name}) is not a COCO results file (a JSON array "
+                            "of detections). Nothing of it was used.")
         # pycocotools' loadRes: when the first result has a bbox, areas are box areas
         area_from_bbox = bool(obj) and isinstance(obj[0], dict) and bool(obj[0].get("bbox"))
-        dts, bad = box_rows(obj, detections=True, need_segmentation=segm)
+        dts, bad = box_rows(obj, detections=True, need_segmentation=segm, max_pixels=self.max_pixels)
         yield from self._rejects(name, path, bad)
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(obj)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
@@ -213,39 +241,41 @@ class ReadNativeFile(ProgressDoFn):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
 
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
-    (True, BoxRows, RowIndex))). TAG_CATEGORIES: the set of labels seen."""
+    (True, BoxRows, RowIndex))). TAG_CATEGORIES: (source name, the set of labels seen)."""
 
     def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
-                 iou_type: str = "bbox"):
+                 iou_type: str = "bbox", max_pixels: int = MAX_IMAGE_PIXELS):
         super().__init__(quiet, started)
         self.geometry = "polygon" if iou_type == "segm" else "bbox"
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
+        self.max_pixels = max_pixels
 
     def process(self, element):
         name, file_id = element
         path = self.sources[name].files[file_id]
         rows, positions, rejected = parse_rows(path)
         yield from native_pieces(name, rows, positions, rejected, path, file_id, self.slice_keys,
-                                 self.num_shards, self.geometry, position_name(path))
+                                 self.num_shards, self.geometry, position_name(path),
+                                 self.max_pixels)
         self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
 
 
 def native_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, geometry,
-                  where):
-    """Shard pieces (main output), rejects, stats and labels (tagged) of parsed native rows of
-    one source. Rows from a PCollection have position None (-1 inside the arrays) and name their
-    source as the file."""
+                  where, max_pixels: int = MAX_IMAGE_PIXELS):
+    """Shard pieces (main output), rejects, stats and (source, labels) (tagged) of parsed native
+    rows of one source. Rows from a PCollection have position None (-1 inside the arrays) and
+    name their source as the file."""
     scored = name != GROUNDTRUTHS
     first, boxes, bad = native_rows(rows, [-1 if p is None else p for p in positions], scored,
-                                    slice_keys if not scored else [], file_id, geometry)
+                                    slice_keys if not scored else [], file_id, geometry, max_pixels)
     for position, uid, reason in rejected + bad:
         position = None if position is None or position < 0 else position
         yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
-    yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, labels_of(rows))
+    yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, (name, labels_of(rows)))
     row_parts = _split(image_shards(first.image_id, num_shards), num_shards)
     box_parts = _split(image_shards(boxes.image_id, num_shards), num_shards)
     empty = np.zeros(0, np.int64)
@@ -280,11 +310,13 @@ def category_table(labels: set) -> dict:
 
 
 class LabelUnion(beam.CombineFn):
+    """(source, labels) -> the category table of all sources' labels together."""
+
     def create_accumulator(self):
         return set()
 
-    def add_input(self, acc, labels):
-        acc.update(labels)
+    def add_input(self, acc, source_labels):
+        acc.update(source_labels[1])
         return acc
 
     def merge_accumulators(self, accs):
@@ -768,12 +800,44 @@ def _counts(tp_fp_fn) -> dict:
             "recall": ratio(tp, tp + fn), "f1_score": ratio(2 * tp, 2 * tp + fp + fn)}
 
 
+def label_findings(source_labels: list, models: list) -> list[dict]:
+    """The run's findings on label vocabularies of native rows, from (source, labels) pairs:
+    transforms.outputs.label_problems (an error when none of a model's labels is a ground-truth
+    label: no prediction can be right), plus a warning per model some of whose labels no ground
+    truth has (those predictions can only be false positives; the labels get AP 0)."""
+    from transforms.outputs import WARNING, label_problems, problem
+
+    labels: dict = {}
+    for source, found in source_labels:
+        labels.setdefault(source, set()).update(found)
+    truth = labels.get(GROUNDTRUTHS, set())
+    found = []
+    for model in sorted(models):
+        predicted = labels.get(model, set())
+        errors = label_problems({None: truth}, {model: {None: predicted}})
+        found += errors
+        extra = predicted - truth
+        if extra and not errors:
+            shown = ", ".join(repr(v) for v in sorted(extra)[:5]) + (
+                f", ... ({len(extra)} in all)" if len(extra) > 5 else "")
+            found.append(problem(WARNING, "label_values_unmatched",
+                                 f"model {model!r} predicts labels that no ground truth has "
+                                 f"({shown}): those predictions count only as false positives "
+                                 "(AP 0 for those labels, which lowers mAP)."))
+    return found
+
+
 class EvaluateDetectionFiles(beam.PTransform):
-    """COCO files or native rows (Sources) -> (metric records, rejects, stats)."""
+    """COCO files or native rows (Sources) -> (metric records, rejects, stats, problems).
+
+    problems: the run's findings (transforms.outputs.problem dicts) on label vocabularies of
+    native rows (label_findings); none for COCO files, whose detections of unknown categories
+    are rejected row by row."""
 
     def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started,
-                 protocol: Protocol = COCO, native: bool = False):
+                 protocol: Protocol = COCO, native: bool = False, max_pixels: int = MAX_IMAGE_PIXELS):
         super().__init__()
+        self.max_pixels = max_pixels
         self.protocol = protocol
         self.native = native
         self.sources = sources
@@ -787,20 +851,25 @@ class EvaluateDetectionFiles(beam.PTransform):
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
         reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
-                                 self.iou_type)
+                                 self.iou_type, self.max_pixels)
                   if self.native else
                   ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
-                               self.quiet, self.started))
+                               self.quiet, self.started, self.max_pixels))
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
                                                  (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
+            problems = (read[TAG_CATEGORIES]
+                        | "LabelsBySource" >> beam.combiners.ToList()
+                        | "LabelFindings" >> beam.FlatMap(label_findings, list(self.models)))
         else:  # the categories of the instances file
             categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
-        return _evaluate(read, categories, self.models, self.slices, self.iou_type, self.protocol,
-                         self.native, {n: s.files for n, s in self.sources.items()}, self.quiet,
-                         self.started)
+            problems = pbegin | "NoFindings" >> beam.Create([])
+        metrics, rejected, stats = _evaluate(
+            read, categories, self.models, self.slices, self.iou_type, self.protocol, self.native,
+            {n: s.files for n, s in self.sources.items()}, self.quiet, self.started)
+        return metrics, rejected, stats, problems
 
 
 def _evaluate(read, categories, models, slices, iou_type, protocol, native, files, quiet, started):
