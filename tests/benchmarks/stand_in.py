@@ -35,7 +35,7 @@ def stand_in_server(latency_ms: int, rpm: int | None = None):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "pipelines.cli", "judge-server", "--port", str(port),
-               "--latency-ms", str(latency_ms)] + (["--rpm", str(rpm)] if rpm else [])
+               "--latency_ms", str(latency_ms)] + (["--rpm", str(rpm)] if rpm else [])
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
