@@ -100,3 +100,18 @@ def test_open_input_refuses_pipes_and_devices(tmp_path):
             open_input(path)
     with pytest.raises(ReadError, match="cannot open"):
         open_input(str(tmp_path / "absent.jsonl"))
+
+
+def test_parquet_rows_with_invalid_utf8_are_rejected_alone(tmp_path):
+    """Arrow reads Parquet strings without checking UTF-8; the bytes of a lone surrogate made
+    parse_rows raise UnicodeDecodeError (a traceback, exit 3) for the whole file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from transforms.io import parse_rows
+
+    text = pa.array([b"good", b"\xed\xa0\x80 bad", b"fine"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"datum_uid": ["a", "b", "c"], "response": text}), tmp_path / "t.parquet")
+    rows, positions, rejected = parse_rows(str(tmp_path / "t.parquet"))
+    assert [r["datum_uid"] for r in rows] == ["a", "c"] and positions == [0, 2]
+    assert len(rejected) == 1 and rejected[0][0] == 1 and "not valid UTF-8" in rejected[0][2]
