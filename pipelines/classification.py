@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "observation (default 1)")
     parser.add_argument("--metrics", default=",".join(METRIC_TYPES), metavar="TYPE[,TYPE...]",
                         help=f"metric types to compute (default all: {', '.join(METRIC_TYPES)})")
+    parser.add_argument("--max_label_values", type=int, default=None, metavar="N",
+                        help="most distinct values a label key may have; a key with more is not "
+                             "evaluated and the run is incomplete (default: what fits 256 MiB per "
+                             "model and slice with the chosen metrics and thresholds: 5,742 with "
+                             "the defaults, as the confusion matrix grows with its square)")
+    parser.add_argument("--max_labels_per_row", type=int, default=None, metavar="N",
+                        help="most labels one row may hold; a longer row is rejected (default: "
+                             "the bound of --max_label_values)")
     return parser
 
 
@@ -60,12 +68,17 @@ def parse_args(argv: list[str]):
         raise UsageError("--num_shards must be 1 or more")
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+    for name in ("max_label_values", "max_labels_per_row"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be 1 or more")
     config = ClassificationConfig(
         score_thresholds=parse_float_list(args.score_thresholds, "--score_thresholds"),
         hardmax=args.hardmax,
         pr_curve_thresholds=parse_float_list(args.pr_curve_thresholds, "--pr_curve_thresholds"),
         max_examples=args.max_examples,
         metrics=metrics,
+        max_label_values=args.max_label_values,
+        max_labels_per_row=args.max_labels_per_row,
     )
     models = parse_models(args.predictions)
     slices = parse_slices(args.slice)
@@ -79,13 +92,16 @@ def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder
     import apache_beam as beam
 
     from transforms.classification import (MatchAndCombine, ReadClassificationFiles,
-                                           record_sort_key, reject_sort_key)
+                                           Vocabularies, record_sort_key, reject_sort_key,
+                                           vocabulary_problems)
     from transforms.io import WriteJsonl
     from transforms.outputs import finalize_run
 
     slice_keys = sorted({key for spec in slices for key in spec})
-    pieces, vocab, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
-        sources, slice_keys, num_shards, quiet, started)
+    pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
+        sources, slice_keys, num_shards, quiet, started, config)
+    per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
+    problems = per_source | "LabelProblems" >> beam.Map(vocabulary_problems, sorted(models), config)
     records, match_rejects, match_stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
         config, sorted(models), slices, {n: s.files for n, s in sources.items()}, quiet, started,
         num_shards)
@@ -97,7 +113,8 @@ def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder
          | "GatherStats" >> beam.combiners.ToList()
          | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction))
+                                 max_rejected_fraction,
+                                 problems=beam.pvalue.AsSingleton(problems)))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -112,7 +129,7 @@ def run(argv: list[str] | None = None) -> int:
     from transforms.io import preflight
 
     def check_source(name, source):
-        preflight(source, schema_of(name), ("datum_uid", "labels"), [])
+        preflight(source, schema_of(name), ("datum_uid", "labels"), [], task=TASK)
 
     def build(pipeline, sources, num_shards, folder, run_info):
         build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, args.quiet,
@@ -128,6 +145,8 @@ def run(argv: list[str] | None = None) -> int:
         "pr_curve_thresholds": list(config.pr_curve_thresholds),
         "max_examples": config.max_examples,
         "metrics": [m for m in METRIC_TYPES if m in config.metrics],
+        "max_label_values": config.value_limit,
+        "max_labels_per_row": config.labels_per_row_limit,
     }
     return run_job(TASK, args, models, slices, beam_args, task_options, check_source, build,
                    summarize, started)

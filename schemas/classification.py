@@ -2,7 +2,8 @@
 
 Ground-truth row: {"datum_uid": str, "metadata"?: {str: scalar}, "labels": [{"key", "value"}]},
 one value per key. Prediction row: {"datum_uid": str, "labels": [{"key", "value", "score"}]}, any
-number of scored values per key, each value at most once per key, scores in [0, 1].
+number of scored values per key, each value at most once per key, scores in [0, 1]. Keys and
+values are text; the readers turn integers into their decimal text (schemas.rows).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.rows import POSITION, SLICE_PREFIX
+from schemas.rows import POSITION, REASON, SLICE_PREFIX
 from transforms.kernels.hashing import fnv1a_64
 
 
@@ -114,14 +115,21 @@ def _combine(array):
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
-def validate(table: pa.Table, scored: bool, file_id: int,
+def too_many_labels(n_labels: int, limit: int) -> str:
+    return (f"{n_labels:,} labels in one row, more than --max_labels_per_row allows ({limit:,}); "
+            "raise it if rows this large are meant")
+
+
+def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None = None,
              ) -> tuple[LabelRows, list[tuple[int, str | None, str]]]:
     """Split a normalised table into valid rows and rejects [(position, datum_uid, reason)].
 
-    A row is rejected, with the first reason that applies, when: its datum_uid is missing or
-    empty; its labels are missing; a label has no key or no value (missing or empty string); a
-    score is missing, NaN, infinite or outside [0, 1] (predictions); a key has two values (ground
-    truth) or a value is scored twice for one key (predictions)."""
+    A row is rejected, with the first reason that applies, when: the reader named a problem in
+    the table's `__reason` column; it holds more than max_labels labels (None: no bound); its
+    datum_uid is missing or empty; its labels are missing; a label has no key or no value
+    (missing or empty string); a score is missing, NaN, infinite or outside [0, 1]
+    (predictions); a key has two values (ground truth) or a value is scored twice for one key
+    (predictions)."""
     n = table.num_rows
     uid = _combine(table.column("datum_uid"))
     labels = _combine(table.column("labels"))
@@ -133,6 +141,12 @@ def validate(table: pa.Table, scored: bool, file_id: int,
         for row in np.flatnonzero(mask & (reason == None)):  # noqa: E711 (object array)
             reason[row] = text(row) if callable(text) else text
 
+    if REASON in table.column_names:
+        found = _combine(table.column(REASON))
+        reason[:] = np.asarray(found.to_numpy(zero_copy_only=False), dtype=object)
+    if max_labels is not None:
+        n_labels = np.asarray(pc.list_value_length(labels).fill_null(0), dtype=np.int64)
+        flag(n_labels > max_labels, lambda r: too_many_labels(int(n_labels[r]), max_labels))
     flag(~np.asarray(pc.fill_null(pc.greater(pc.utf8_length(uid), 0), False)), "missing or empty datum_uid")
     flag(~np.asarray(labels.is_valid()), "missing labels")
 

@@ -25,6 +25,9 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 MAX_NESTING = 64
+# The longest input line a reader holds in memory; a longer one is rejected as a row (and
+# skipped without being read into memory whole).
+MAX_ROW_BYTES = 64 << 20
 BOM = b"\xef\xbb\xbf"
 _OPEN = (ord("{"), ord("["))
 _CLOSE = (ord("}"), ord("]"))
@@ -78,10 +81,20 @@ def lone_surrogate(value) -> str | None:
     return None
 
 
+def surrogate_reason(where: str) -> str:
+    """The rejection reason of a row whose text at `where` (see lone_surrogate) holds a lone
+    surrogate."""
+    return (f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+            "pair): not valid Unicode text")
+
+
 def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
     """Parse one untrusted JSON line: (value, None), or (None, reason) for a line that is not
-    JSON, nests deeper than `limit`, or holds a lone surrogate. Blank input is not a row; the
-    callers skip it before."""
+    UTF-8 or not JSON, nests deeper than `limit`, or holds a lone surrogate. Blank input is not
+    a row; the callers skip it before.
+
+    The bytes are decoded strictly first: json.loads(bytes) decodes with "surrogatepass", which
+    lets the UTF-8 form of a surrogate (ED A0 80) through as a lone surrogate."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if raw.startswith(BOM):
@@ -89,16 +102,19 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
     if too_deep(raw, limit):
         return None, f"JSON nested deeper than {limit} levels"
     try:
-        value = json.loads(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, f"not valid UTF-8 text ({error.reason} at byte {error.start})"
+    try:
+        value = json.loads(text)
     except RecursionError:   # unreachable after too_deep; kept so no parse can ever crash
         return None, f"JSON nested deeper than {limit} levels"
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:
         return None, f"malformed JSON: {error}"
     if _SURROGATE_ESCAPE.search(raw):
         where = lone_surrogate(value)
         if where is not None:
-            return None, (f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 "
-                          "without its pair): not valid Unicode text")
+            return None, surrogate_reason(where)
     return value, None
 
 

@@ -115,3 +115,11 @@ def test_parquet_rows_with_invalid_utf8_are_rejected_alone(tmp_path):
     rows, positions, rejected = parse_rows(str(tmp_path / "t.parquet"))
     assert [r["datum_uid"] for r in rows] == ["a", "c"] and positions == [0, 2]
     assert len(rejected) == 1 and rejected[0][0] == 1 and "not valid UTF-8" in rejected[0][2]
+
+
+def test_the_utf8_form_of_a_surrogate_is_not_text():
+    """json.loads(bytes) decodes with surrogatepass: ED A0 80 became a lone surrogate."""
+    value, reason = loads_row(b'{"response": "\xed\xa0\x80"}')
+    assert value is None and "not valid UTF-8" in reason
+    value, reason = loads_row(b'{"response": "caf\xc3\xa9"}')
+    assert reason is None and value["response"] == "caf\u00e9"

@@ -3,11 +3,15 @@
 Data flow (see DESIGN.md): rows of every source are validated and split by shard (ReadRows or
 RowsFromDicts) -> GroupByKey(shard) -> MatchShard joins ground truths and each model's predictions
 of the shard and runs the numpy kernel per (model, slice) -> CombinePerKey(ClassificationCombineFn)
-adds the partial states -> records.
+adds the partial states -> records. Beside it, Vocabularies collects each source's label values
+(bounded: a key with more values than ClassificationConfig.value_limit is only marked as such and
+is not evaluated), their union for the kernels, and the run's findings on them
+(vocabulary_problems).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 
@@ -34,25 +38,44 @@ def schema_of(source: str) -> pa.Schema:
     return CLASSIFICATION_GROUNDTRUTH if source == GROUNDTRUTHS else CLASSIFICATION_PREDICTION
 
 
-def validate_source(table: pa.Table, file_id: int, source: str):
-    return validate(table, scored=source != GROUNDTRUTHS, file_id=file_id)
+def validate_source(table: pa.Table, file_id: int, source: str, max_labels: int | None = None):
+    return validate(table, scored=source != GROUNDTRUTHS, file_id=file_id, max_labels=max_labels)
 
 
-def validate_table(table: pa.Table, file_id: int):
+def validate_table(table: pa.Table, file_id: int, max_labels: int | None = None):
     """validate() with `scored` read from the normalised table's schema (predictions score)."""
     scored = "score" in [f.name for f in table.schema.field("labels").type.value_type]
-    return validate(table, scored=scored, file_id=file_id)
+    return validate(table, scored=scored, file_id=file_id, max_labels=max_labels)
+
+
+def no_vocabulary(rows: LabelRows) -> dict:
+    """For ReadRows' vocabulary output, which this task does not use: Vocabularies reads the
+    values of each source from the shard pieces, where the source is known."""
+    return {}
 
 
 class VocabularyCombineFn(beam.CombineFn):
-    """{label key: set of values} parts -> {label key: sorted list of values}."""
+    """{label key: values} parts -> {label key: sorted list of values}, with None for a key that
+    has more than `limit` values: only that fact is kept, so memory stays bounded by the limit
+    whatever the input."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
 
     def create_accumulator(self):
         return {}
 
     def add_input(self, acc, part):
         for key, values in part.items():
-            acc.setdefault(key, set()).update(values)
+            if key in acc and acc[key] is None:
+                continue
+            if values is None:
+                acc[key] = None
+                continue
+            merged = acc.setdefault(key, set())
+            merged.update(values)
+            if self.limit is not None and len(merged) > self.limit:
+                acc[key] = None
         return acc
 
     def merge_accumulators(self, accs):
@@ -62,7 +85,83 @@ class VocabularyCombineFn(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
-        return {key: sorted(values) for key, values in sorted(acc.items())}
+        return {key: None if values is None else sorted(values)
+                for key, values in sorted(acc.items())}
+
+
+def piece_vocabulary(piece) -> tuple[str, dict]:
+    """(shard, (source, rows)) -> (source, {label key: set of values})."""
+    _, (source, rows) = piece
+    return source, vocabulary(rows)
+
+
+def union_vocabulary(per_source: dict, limit: int | None) -> dict:
+    """{source: {key: values or None}} -> {key: sorted values of all sources, or None}."""
+    combine = VocabularyCombineFn(limit)
+    acc = combine.create_accumulator()
+    for part in per_source.values():
+        combine.add_input(acc, part)
+    return combine.extract_output(acc)
+
+
+def too_many_values(key: str, config: ClassificationConfig) -> str:
+    limit = config.value_limit
+    square = (" The confusion matrix alone holds (V+1)^2 counts per score threshold; leaving "
+              "ConfusionMatrix out of --metrics makes the memory linear in V."
+              if config.needs_confusion else "")
+    return (f"label key {key!r} has more than {limit:,} distinct values (ground truth and "
+            f"predictions together), so none of its metrics was computed: with these options one "
+            f"(model, slice) state of {limit + 1:,} values needs "
+            f"{config.state_bytes(limit + 1) / 2**20:,.0f} MiB, and there is one per model and "
+            f"slice value. --max_label_values raises the bound.{square}")
+
+
+def vocabulary_problems(per_source: dict, models: list[str], config: ClassificationConfig,
+                        ) -> list[dict]:
+    """The run's findings on label vocabularies ({source: {key: values or None}}): an error per
+    key beyond the vocabulary bound (not evaluated), then transforms.outputs.label_problems of
+    each model's keys and values against the ground truth's (keys beyond the bound left out;
+    nothing when the ground truth has no valid row, which is reported already)."""
+    from transforms.outputs import ERROR, label_problems, problem
+
+    vocab = union_vocabulary(per_source, config.value_limit)
+    over = sorted(key for key, values in vocab.items() if values is None)
+    found = [problem(ERROR, "label_values_over_limit", too_many_values(key, config)) for key in over]
+
+    def sets(source: str) -> dict:
+        return {key: set(values) for key, values in per_source.get(source, {}).items()
+                if key not in over and values}
+
+    groundtruth = sets(GROUNDTRUTHS)
+    if groundtruth:
+        found += label_problems(groundtruth, {model: sets(model) for model in models})
+    return found
+
+
+def refuse_over_limit(vocab: dict, config: ClassificationConfig) -> dict:
+    """The vocabulary, or ValueError naming a key beyond the bound (EvaluateClassification, which
+    has no run.json to record an incomplete run in)."""
+    over = sorted(key for key, values in vocab.items() if values is None)
+    if over:
+        raise ValueError(too_many_values(over[0], config))
+    return vocab
+
+
+class Vocabularies(beam.PTransform):
+    """Shard pieces -> (per source {source: {key: values or None}}, all sources {key: values or
+    None}), both singletons; None marks a key with more values than config.value_limit."""
+
+    def __init__(self, config: ClassificationConfig):
+        super().__init__()
+        self.config = config
+
+    def expand(self, pieces):
+        limit = self.config.value_limit
+        per_source = (pieces
+                      | "PieceVocabulary" >> beam.Map(piece_vocabulary)
+                      | "PerSource" >> beam.CombinePerKey(VocabularyCombineFn(limit))
+                      | "BySource" >> beam.combiners.ToDict())
+        return per_source, per_source | "Union" >> beam.Map(union_vocabulary, limit)
 
 
 def _dedupe(rows: LabelRows) -> tuple[LabelRows, np.ndarray, np.ndarray]:
@@ -174,7 +273,7 @@ class MatchShard(ProgressDoFn):
         by_source: dict[str, list[LabelRows]] = {}
         for source, rows in pieces:
             by_source.setdefault(source, []).append(rows)
-        keys = sorted(vocab)
+        keys = sorted(key for key, values in vocab.items() if values is not None)  # None: too many
         gt = None
         if GROUNDTRUTHS in by_source:
             gt, n_dropped, outputs = self._deduplicated(
@@ -321,22 +420,22 @@ class MatchAndCombine(beam.PTransform):
 class RowsFromDicts(beam.DoFn):
     """(source, [row dict, ...]) batches -> shard pieces, like ReadRows for files."""
 
-    def __init__(self, slice_keys: list[str], num_shards: int):
+    def __init__(self, slice_keys: list[str], num_shards: int, max_labels: int | None = None):
         self.slice_keys = slice_keys
         self.num_shards = num_shards
+        self.max_labels = max_labels
 
     def process(self, element):
         source, batch = element
         slice_keys = self.slice_keys if source == GROUNDTRUTHS else []
         table, unparsed = dict_rows_table(batch, 0, schema_of(source), slice_keys)
-        rows, rejects = validate_source(table, 0, source)
+        rows, rejects = validate_source(table, 0, source, self.max_labels)
         for _, reason in unparsed:
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, source, None, reason, None, "row"))
         for _, uid, reason in rejects:
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, source, None, reason, uid, "row"))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", source), len(batch)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), len(unparsed) + len(rejects)))
-        yield beam.pvalue.TaggedOutput(TAG_VOCAB, vocabulary(rows))
         for shard, piece in rows.partition(self.num_shards).items():
             yield shard, (source, piece)
 
@@ -347,7 +446,9 @@ class EvaluateClassification(beam.PTransform):
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
     in the README). Output: a PCollection of metric records {"type", "value", "parameters",
     "model", "slice"}. With with_diagnostics=True the output is (records, rejects, stats), where
-    stats holds ((counter, source), n) pairs.
+    stats holds ((counter, source), n) pairs. A label key with more values than
+    config.value_limit fails the pipeline with a ValueError that says so (the command line
+    instead records it in run.json and skips the key).
     """
 
     def __init__(self, config: ClassificationConfig | None = None, slices=(), num_shards: int = 16,
@@ -370,12 +471,13 @@ class EvaluateClassification(beam.PTransform):
                 pcolls[name]
                 | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
                 | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(slice_keys, self.num_shards))
+                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(
+                    slice_keys, self.num_shards, self.config.labels_per_row_limit))
                 .with_output_types(SHARD_PIECE).with_outputs(
-                    TAG_REJECTED, TAG_STATS, TAG_VOCAB, main="pieces"))
+                    TAG_REJECTED, TAG_STATS, main="pieces"))
         pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
-        vocab = ([o[TAG_VOCAB] for o in outputs] | "VocabParts" >> beam.Flatten()
-                 | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn()))
+        _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config)
+        vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, self.config)
         records, rejected, stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
             self.config, models, self.slices, {}, True, 0.0, self.num_shards)
         if not self.with_diagnostics:
@@ -386,21 +488,24 @@ class EvaluateClassification(beam.PTransform):
 
 
 class ReadClassificationFiles(beam.PTransform):
-    """Sources (name -> Source with expanded files) -> (pieces, vocabulary, rejects, stats)."""
+    """Sources (name -> Source with expanded files) -> (pieces, rejects, stats)."""
 
-    def __init__(self, sources, slice_keys, num_shards, quiet, started):
+    def __init__(self, sources, slice_keys, num_shards, quiet, started,
+                 config: ClassificationConfig | None = None):
         super().__init__()
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
         self.quiet = quiet
         self.started = started
+        self.config = config or ClassificationConfig()
 
     def expand(self, pbegin):
         schemas = {name: schema_of(name) for name in self.sources}
-        reader = ReadRows(self.sources, schemas, validate_table, vocabulary, self.slice_keys,
+        validate_rows = functools.partial(validate_table,
+                                          max_labels=self.config.labels_per_row_limit)
+        reader = ReadRows(self.sources, schemas, validate_rows, no_vocabulary, self.slice_keys,
                           self.num_shards, self.quiet, self.started)
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
                                                  (TAG_REJECTED, TAG_STATS, TAG_VOCAB))
-        vocab = read[TAG_VOCAB] | "Vocabulary" >> beam.CombineGlobally(VocabularyCombineFn())
-        return read.pieces, vocab, read[TAG_REJECTED], read[TAG_STATS]
+        return read.pieces, read[TAG_REJECTED], read[TAG_STATS]

@@ -27,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
                              position_name)
 from schemas.rows import reject
+from schemas.safe_json import MAX_ROW_BYTES
 
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
@@ -65,9 +66,6 @@ class _StrictDeflate:
 
 
 READ_ERROR = "evalbeam input error: "
-# The longest input line a reader holds in memory; a longer one is rejected as a row (and
-# skipped without being read into memory whole).
-MAX_ROW_BYTES = 64 << 20
 
 
 class ReadError(InputError):

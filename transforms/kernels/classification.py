@@ -43,13 +43,28 @@ DETAILED = ("tp", "fp_misclassification", "fp_hallucination", "fn_misclassificat
             "fn_no_prediction")
 
 
+# The memory one (model, slice, label key) state may take by default: the bound on a key's
+# vocabulary is derived from it (see ClassificationConfig.state_bytes and value_limit).
+STATE_BUDGET_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class ClassificationConfig:
+    """What to compute, and the bounds on what the input may cost.
+
+    max_label_values: the most distinct values a label key may have (ground truth and every
+    model together); None derives it from STATE_BUDGET_BYTES (value_limit). A key beyond it is
+    not evaluated (its dense arrays would not fit) and the run says so.
+    max_labels_per_row: the most labels one row may hold; None means value_limit, so that no
+    single row can by itself push a key beyond its bound. A longer row is rejected."""
+
     score_thresholds: tuple[float, ...] = (0.0,)
     hardmax: bool = True
     pr_curve_thresholds: tuple[float, ...] = DEFAULT_PR_THRESHOLDS
     max_examples: int = 1
     metrics: frozenset[str] = frozenset(METRIC_TYPES)
+    max_label_values: int | None = None
+    max_labels_per_row: int | None = None
 
     def __post_init__(self):
         # Kernels rely on ascending, distinct thresholds.
@@ -67,6 +82,38 @@ class ClassificationConfig:
     @property
     def needs_detailed(self) -> bool:
         return "DetailedPrecisionRecallCurve" in self.metrics
+
+    def state_bytes(self, n_values: int) -> int:
+        """Bytes of the dense arrays of one KeyState of n_values values V, with T score
+        thresholds and P curve thresholds (int64 counts): n_gt and n_pred 2V; tp and fp 2TV; the
+        confusion matrix T(V+1)^2 (ConfusionMatrix); the detailed curve 5PV
+        (DetailedPrecisionRecallCurve). match_key allocates about as much again while it counts
+        one shard. Score histograms grow with the prediction entries, not with V."""
+        V, T, P = n_values, len(self.score_thresholds), len(self.pr_curve_thresholds)
+        cells = 2 * V + 2 * T * V
+        if self.needs_confusion:
+            cells += T * (V + 1) ** 2
+        if self.needs_detailed:
+            cells += len(DETAILED) * P * V
+        return 8 * cells
+
+    @property
+    def value_limit(self) -> int:
+        """The most values a label key may have: max_label_values, or else the largest V whose
+        state_bytes(V) fits STATE_BUDGET_BYTES: 5,742 with the default options, where the
+        confusion matrix dominates (3,326 with three score thresholds), 338,933 without
+        ConfusionMatrix."""
+        if self.max_label_values is not None:
+            return self.max_label_values
+        low, high = 1, 1 << 32       # state_bytes(low) fits, state_bytes(high) does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.state_bytes(middle) <= STATE_BUDGET_BYTES else (low, middle)
+        return low
+
+    @property
+    def labels_per_row_limit(self) -> int:
+        return self.max_labels_per_row if self.max_labels_per_row is not None else self.value_limit
 
 
 @dataclass
