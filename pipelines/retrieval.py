@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -64,43 +63,48 @@ def parse_args(argv: list[str]):
     return args, config, parse_models(args.predictions), parse_slices(args.slice), beam_args
 
 
-def _first_line(path: str) -> bytes:
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as stream:
-        for line in stream.read(1 << 20).split(b"\n"):
-            if line.strip():
-                return line
-    return b""
-
-
 def check_source(name: str, source, slices=()) -> None:
     """A file must look like its kind: qrels lines of 4 fields or JSONL judgments; run lines of
     at least 6 fields or JSONL scores (rows are checked one by one later). --slice needs JSONL
-    qrels (their metadata)."""
+    qrels (their metadata). A file of another task's rows (JSONL or Parquet) is named with the
+    command that reads it. Only the first non-blank line is read (through open_input, so a
+    compressed file that breaks off there is an input error too)."""
     from schemas.retrieval_rows import format_of
-    from transforms.io import InputError
+    from schemas.safe_json import loads_row
+    from transforms.io import InputError, head_lines, open_input, wrong_task_message
 
+    qrels = name == "groundtruths"
     for path in source.files:
-        if slices and name == "groundtruths" and format_of(path) != "jsonl":
+        if slices and qrels and format_of(path) != "jsonl":
             raise InputError(f"--slice reads the \"metadata\" of JSONL qrels rows; {path} is a TREC "
                              "qrels file, which has none.")
+        if path.lower().endswith((".parquet", ".pq")):
+            _check_parquet(name, path)
         try:
-            line = _first_line(path)
+            with open_input(path) as stream:
+                lines = head_lines(stream, 1)
+        except InputError:
+            raise
         except Exception as error:
             raise InputError(f"cannot read {path} (given for {name}): {error}") from None
-        qrels = name == "groundtruths"
-        if not line:
+        if not lines:
             raise InputError(f"{path} (given for {name}) holds no rows.")
-        if format_of(path) == "jsonl":
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            need = ("query_id", "doc_id", "relevance" if qrels else "score")
+        line = lines[0]
+        jsonl = format_of(path) == "jsonl"
+        row = loads_row(line)[0] if jsonl or line.lstrip().startswith(b"{") else None
+        if isinstance(row, dict):
+            other = wrong_task_message(path, name, row, TASK)
+            if other:
+                raise InputError(other)
+        need = ("query_id", "doc_id", "relevance" if qrels else "score")
+        if jsonl:
             if not isinstance(row, dict) or any(k not in row for k in need):
                 raise InputError(f"{path} (given for {name}) does not start with a JSON object "
                                  f"with {list(need)}; see the README for the formats.")
+        elif isinstance(row, dict) and all(k in row for k in need):
+            raise InputError(f"{path} (given for {name}) holds JSON rows, but only names ending in "
+                             ".jsonl, .ndjson or .json (optionally compressed, e.g. .jsonl.gz) are "
+                             "read as JSONL; every other file is read as TREC text. Rename it.")
         else:
             fields = len(line.split())
             if (qrels and fields != 4) or (not qrels and fields < 6):
@@ -110,27 +114,62 @@ def check_source(name: str, source, slices=()) -> None:
                                  f"expected TREC {what} (or .jsonl rows).")
 
 
-def read_slices(sources, slices) -> dict | None:
-    """{spec: {query_id: tuple of canonical JSON values}} from the metadata of JSONL qrels rows
-    (the first row of a query that has metadata decides)."""
+def _check_parquet(name: str, path: str) -> None:
+    """Retrieval reads no Parquet: name the command for another task's file, else say so."""
+    from transforms.io import InputError, open_input, wrong_task_message
+
+    try:
+        import pyarrow.parquet as pq
+
+        with open_input(path) as stream:
+            columns = pq.ParquetFile(stream).schema_arrow.names
+    except InputError:
+        raise
+    except Exception:
+        columns = []
+    other = wrong_task_message(path, name, columns, TASK) if columns else None
+    raise InputError(other or f"{path} (given for {name}) is a Parquet file; evalbeam {TASK} reads "
+                              "TREC qrels and run files, or JSONL rows (see the README).")
+
+
+def read_slices(sources, slices) -> tuple[dict | None, dict]:
+    """The --slice values of each query and the qrels rows that cannot carry them.
+
+    Returns ({spec: {query_id: tuple of canonical JSON values}}, {qrels file id: {line:
+    reason}}). A query's values come from its first qrels row (files in order) that has a
+    "metadata" object; rows the reader rejects do not count (json_row: malformed, too deep, a
+    lone surrogate, a bad field, a line too long), rows the shards reject as repeated (query,
+    doc) pairs do (that needs every file at once). A row whose metadata value for a --slice key
+    is NaN or infinite (no JSON output can name that slice) is listed with the reason and
+    rejected by the pipeline's reader, so its judgment is not used either; the query's values
+    then come from its next row. Lines are read one at a time, at most MAX_ROW_BYTES each."""
     if not slices:
-        return None
-    from apache_beam.io.filesystems import FileSystems
-
+        return None, {}
+    from schemas.retrieval_rows import MAX_ROW_BYTES, json_row
     from schemas.rows import canonical_json
+    from schemas.safe_json import iter_lines, slice_value_problem
+    from transforms.io import open_input
 
+    keys = sorted({key for spec in slices for key in spec})
     per_query: dict = {}
-    for path in sources["groundtruths"].files:
-        with FileSystems.open(path) as stream:
-            for line in stream:
-                try:
-                    row = json.loads(line)
-                except ValueError:
+    excluded: dict = {}
+    for file_id, path in enumerate(sources["groundtruths"].files):
+        with open_input(path) as stream:
+            for number, raw in iter_lines(stream, MAX_ROW_BYTES):
+                if raw is None or not raw.strip():
                     continue
-                if isinstance(row, dict) and isinstance(row.get("metadata"), dict):
-                    per_query.setdefault(str(row.get("query_id")), row["metadata"])
-    return {spec: {q: tuple(canonical_json(m.get(k)) for k in spec) for q, m in per_query.items()}
-            for spec in slices}
+                row, problem = json_row(raw, "qrels")
+                if problem or not isinstance(row.get("metadata"), dict):
+                    continue
+                metadata = row["metadata"]
+                reason = next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
+                if reason:
+                    excluded.setdefault(file_id, {})[number] = reason
+                    continue
+                per_query.setdefault(row["query_id"], metadata)
+    values = {spec: {q: tuple(canonical_json(m.get(k)) for k in spec) for q, m in per_query.items()}
+              for spec in slices}
+    return values, excluded
 
 
 def build_pipeline(pipeline, sources, models, slices, config, complete, per_query, num_shards,
@@ -139,13 +178,13 @@ def build_pipeline(pipeline, sources, models, slices, config, complete, per_quer
 
     from transforms.classification import reject_sort_key
     from transforms.io import WriteJsonl, merge_sorted_parts
-    from transforms.outputs import finalize_run
     from transforms.retrieval import EvaluateRetrievalFiles, record_sort_key
 
-    metrics, parts, rejected, stats = pipeline | "Retrieval" >> EvaluateRetrievalFiles(
-        sources, sorted(models), config, complete, read_slices(sources, slices), num_shards,
+    slice_values, excluded = read_slices(sources, slices)
+    metrics, parts, rejected, stats, coverage = pipeline | "Retrieval" >> EvaluateRetrievalFiles(
+        sources, sorted(models), config, complete, slice_values, num_shards,
         folder.temp("per-query-parts") if per_query else None, quiet, started,
-        folder.temp("pieces"))
+        folder.temp("pieces"), excluded)
     n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
     n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
     extra = []
@@ -157,9 +196,23 @@ def build_pipeline(pipeline, sources, models, slices, config, complete, per_quer
     _ = (stats
          | "SumStats" >> beam.CombinePerKey(sum)
          | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
+         | "Publish" >> beam.Map(publish, beam.pvalue.AsSingleton(n_metrics),
                                  beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction, *extra))
+                                 max_rejected_fraction, *extra,
+                                 coverage=beam.pvalue.AsList(coverage), complete=complete))
+
+
+def publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
+            *n_rows, coverage=(), complete=False):
+    """finalize_run, with the findings on the queries the runs share with the qrels (coverage:
+    the (model, QueryCoverage) pairs of every shard; transforms.retrieval.coverage_problems).
+    n_rows: the rows of per_query.jsonl, when written."""
+    from transforms.outputs import finalize_run
+    from transforms.retrieval import coverage_problems
+
+    return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
+                        max_rejected_fraction, *n_rows,
+                        problems=coverage_problems(coverage, complete))
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -16,23 +16,33 @@ transforms.kernels.retrieval.encode_ids to turn the ids into the kernel's codes.
 
 Rejects: [(line, reason)] sorted by line, for lines that are not rows: wrong field count,
 relevance not an integer (or out of int64), score not a number or not finite, id not UTF-8 or
-empty (JSONL), malformed JSON, and (query, doc) pairs present more than once in the file, where
-every copy is rejected (trec_eval would stop on them; keeping one would be arbitrary). A bad line
-never stops the read.
+empty (JSONL), and for JSONL lines: malformed JSON, JSON nested deeper than MAX_NESTING levels,
+a lone UTF-16 surrogate anywhere in the row (schemas/safe_json.py), a line longer than
+MAX_ROW_BYTES. A bad line never stops the read.
+
+Duplicates: a (query, doc) pair may occur once per source (the qrels, or one model's run);
+every copy of a repeated pair is rejected (trec_eval would stop on them; keeping one would be
+arbitrary). That is a property of the whole source, whatever files it is split into, so
+parse_qrels/parse_run (one file, as the pipeline reads it) leave it to the caller: the pipeline
+checks it per query shard, where every row of a query meets (transforms/retrieval.py), with
+duplicate_groups and duplicate_reason. read_qrels/read_run read one file that is a whole source
+and reject its duplicates themselves.
 
 Speed: a file is read in blocks of whole lines. A block whose fields are separated by single
 spaces (or single tabs), the common case, is parsed by Arrow's multi-threaded CSV reader; a
 JSONL block by Arrow's JSON reader. Any block that path cannot take exactly (other whitespace,
 a parse error, an empty field, a non-finite score, a missing key, ...) is parsed again line by
 line in Python, which is the reference behaviour: the fast path only ever accepts blocks on
-which it agrees with the slow one. Duplicates are found with one 64-bit hash per row, sorted,
-and confirmed by comparing the strings of the few rows whose hashes collide.
+which it agrees with the slow one. A JSONL block with an escaped UTF-16 surrogate or a line of
+more than MAX_NESTING opening brackets never reaches Arrow's parser (it would accept the first
+and may overflow its stack on the second). Duplicates are found with one 64-bit hash per row,
+sorted, and confirmed by comparing the strings of the few rows whose hashes collide.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +50,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
+from schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, loads_row
 from transforms.kernels.retrieval import iter_string_words, string_width
 
 FORMATS = ("trec", "jsonl")
@@ -78,25 +89,46 @@ class RunColumns:
         return int(self.line.size)
 
 
+COMPRESSED = (".gz", ".bz2", ".xz", ".lzma", ".deflate")
+
+
 def format_of(path: str) -> str:
-    """"jsonl" for .jsonl/.ndjson/.json names, else "trec" (TREC files rarely have a suffix)."""
-    return "jsonl" if path.lower().endswith((".jsonl", ".ndjson", ".json")) else "trec"
+    """"jsonl" for .jsonl/.ndjson/.json names, also compressed (run.jsonl.gz), else "trec"
+    (TREC files rarely have a suffix)."""
+    name = path.lower()
+    for suffix in COMPRESSED:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "trec"
+
+
+def parse_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str]]]:
+    """Qrels columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl".
+    Repeated (query, doc) pairs are kept: see duplicate_groups."""
+    blocks = _read(data, fmt, "qrels")
+    return QrelsColumns(*_concat(blocks, np.int64)), sorted(r for b in blocks for r in b[4])
+
+
+def parse_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
+    """Run columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl".
+    Repeated (query, doc) pairs are kept: see duplicate_groups."""
+    blocks = _read(data, fmt, "run")
+    return RunColumns(*_concat(blocks, np.float64)), sorted(r for b in blocks for r in b[4])
 
 
 def read_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str]]]:
-    """Qrels columns and rejects from a whole file's bytes (or str); fmt "trec" or "jsonl"."""
-    blocks = _read(data, fmt, "qrels")
-    columns = QrelsColumns(*_concat(blocks, np.int64))
-    rejects = [r for b in blocks for r in b[4]]
+    """parse_qrels of a file that holds a whole qrels, without every repeated (query, doc) pair
+    (each copy rejected)."""
+    columns, rejects = parse_qrels(data, fmt)
     columns, duplicates = _drop_duplicates(columns)
     return columns, sorted(rejects + duplicates)
 
 
 def read_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
-    """Run columns and rejects from a whole file's bytes (or str); fmt "trec" or "jsonl"."""
-    blocks = _read(data, fmt, "run")
-    columns = RunColumns(*_concat(blocks, np.float64))
-    rejects = [r for b in blocks for r in b[4]]
+    """parse_run of a file that holds a whole run, without every repeated (query, doc) pair
+    (each copy rejected)."""
+    columns, rejects = parse_run(data, fmt)
     columns, duplicates = _drop_duplicates(columns)
     return columns, sorted(rejects + duplicates)
 
@@ -271,11 +303,22 @@ _WHITESPACE = np.frombuffer(b" \t\r\n\x0b\x0c", np.uint8)
 _JSON_VALUE = {"qrels": ("relevance", pa.int64()), "run": ("score", pa.float64())}
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
 def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
     value_name, value_type = _JSON_VALUE[kind]
     schema = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), (value_name, value_type)])
     block = memoryview(data)[start:end]
-    lines = _nonblank_lines(block, first_line)
+    # A surrogate escape may be a lone one, which Arrow would accept (the row must be rejected);
+    # a backslash is rare in ids, so the pattern is looked for only when there is one.
+    if data.find(b"\\", start, end) >= 0 and _SURROGATE_ESCAPE.search(data, start, end):
+        return None
+    buf = np.frombuffer(block, np.uint8)
+    newlines = np.flatnonzero(buf == ord("\n"))
+    if _bracket_heavy(buf, newlines, data.find(b"[", start, end) >= 0):
+        return None
+    lines = _nonblank_lines(buf, newlines, first_line)
     try:
         table = pajson.read_json(
             pa.BufferReader(pa.py_buffer(block)),
@@ -296,10 +339,27 @@ def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -
     return table.column("query_id"), table.column("doc_id"), value, lines, []
 
 
-def _nonblank_lines(block: memoryview, first_line: int) -> np.ndarray:
-    """1-based numbers of the lines of the block that hold a non-whitespace byte."""
-    buf = np.frombuffer(block, np.uint8)
-    ends = np.flatnonzero(buf == ord("\n"))
+def _bracket_heavy(buf: np.ndarray, newlines: np.ndarray, squares: bool) -> bool:
+    """Whether a line of a block (uint8 bytes, "\\n" at positions newlines) holds more than
+    MAX_NESTING opening brackets, the least a line nested deeper than that needs; squares: the
+    block holds a "[" (else only "{" is counted, one pass fewer). Such a block goes to the
+    line-by-line reader, which rejects a line that really is that deep without parsing it."""
+    is_open = buf == ord("{")
+    if squares:
+        is_open |= buf == ord("[")
+    opens = np.flatnonzero(is_open)
+    if opens.size <= MAX_NESTING:
+        return False
+    # Line of each opening bracket (ascending): a line with more than MAX_NESTING of them has
+    # the same line at positions i and i + MAX_NESTING.
+    line_of = np.searchsorted(newlines, opens)
+    return bool(np.any(line_of[MAX_NESTING:] == line_of[:-MAX_NESTING]))
+
+
+def _nonblank_lines(buf: np.ndarray, newlines: np.ndarray, first_line: int) -> np.ndarray:
+    """1-based numbers of the lines of a block (uint8 bytes, "\\n" at positions newlines) that
+    hold a non-whitespace byte."""
+    ends = newlines
     if buf.size and buf[-1] != ord("\n"):
         ends = np.r_[ends, buf.size]
     starts = np.r_[0, ends[:-1] + 1]
@@ -319,12 +379,7 @@ def _jsonl_slow(block: bytes, first_line: int, kind: str) -> _Block:
     for number, raw in enumerate(block.split(b"\n"), start=first_line):
         if not raw.strip():
             continue
-        try:
-            row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
-            rejects.append((number, f"malformed JSON: {error}"))
-            continue
-        problem = _json_row_problem(row, kind, value_name)
+        row, problem = json_row(raw, kind)
         if problem:
             rejects.append((number, problem))
             continue
@@ -334,6 +389,18 @@ def _jsonl_slow(block: bytes, first_line: int, kind: str) -> _Block:
         lines.append(number)
     return (pa.array(queries, pa.string()), pa.array(docs, pa.string()), values,
             np.array(lines, np.int64), rejects)
+
+
+def json_row(raw: bytes, kind: str) -> tuple[dict | None, str | None]:
+    """(row, None) for a JSONL line that is a valid qrels (kind "qrels") or run ("run") row, else
+    (None, reason). The line is parsed by safe_json.loads_row: too long, too deeply nested, not
+    JSON or holding a lone surrogate is a reason, never an exception."""
+    if len(raw) > MAX_ROW_BYTES:
+        return None, f"line longer than {MAX_ROW_BYTES:,} bytes"
+    row, problem = loads_row(raw)
+    if problem is None:
+        problem = _json_row_problem(row, kind, _JSON_VALUE[kind][0])
+    return (None, problem) if problem else (row, None)
 
 
 def _json_row_problem(row, kind: str, value_name: str) -> str | None:
@@ -387,44 +454,67 @@ def _pair_hash(query, doc) -> np.ndarray:
     return hashed
 
 
-def _drop_duplicates(columns):
-    """The columns without every row whose (query, doc) pair occurs more than once, and one
-    reject per dropped row."""
-    n = len(columns)
+def duplicate_groups(query, doc) -> list[np.ndarray]:
+    """The rows of each (query, doc) pair that occurs more than once: one ascending int64 array
+    of row indices per repeated pair, pairs in the order of their first row. query, doc: Arrow
+    string arrays of equal length. Cost: one hash per row and a sort; strings are compared only
+    for the rows whose hash repeats."""
+    n = len(query)
     if n < 2:
-        return columns, []
-    hashed = _pair_hash(columns.query, columns.doc)
+        return []
+    hashed = _pair_hash(query, doc)
     ordered = np.sort(hashed)
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if not repeated.size:
-        return columns, []
+        return []
     # Rows whose hash is a repeated one: a bit table on the low 20 bits finds them in one
     # gather, and the few false hits are dropped by the exact test.
     table = np.zeros(1 << 20, bool)
     table[repeated & np.uint64((1 << 20) - 1)] = True
     candidates = np.flatnonzero(table[hashed & np.uint64((1 << 20) - 1)])
     candidates = candidates[np.isin(hashed[candidates], repeated)]
+    at = pa.array(candidates)
     groups: dict[tuple[str, str], list[int]] = {}
-    for row, pair in zip(candidates.tolist(), zip(columns.query.take(pa.array(candidates)).to_pylist(),
-                                                  columns.doc.take(pa.array(candidates)).to_pylist())):
+    for row, pair in zip(candidates.tolist(), zip(query.take(at).to_pylist(), doc.take(at).to_pylist())):
         groups.setdefault(pair, []).append(row)
-    dropped, rejects = [], []
-    for (query, doc), rows in groups.items():
-        if len(rows) < 2:
-            continue
-        lines = columns.line[rows].tolist()
-        listed = ", ".join(map(str, lines[:MAX_LINES_LISTED]))
-        if len(lines) > MAX_LINES_LISTED:
-            listed += ", ..."
-        reason = f"duplicate (query, doc) pair ({query!r}, {doc!r}) on lines {listed}"
-        dropped += rows
-        rejects += [(line, reason) for line in lines]
-    if not dropped:
-        return columns, []
-    keep = np.ones(n, bool)
-    keep[dropped] = False
+    return [np.array(rows, np.int64) for rows in groups.values() if len(rows) > 1]
+
+
+def duplicate_reason(query: str, doc: str, lines, files=None) -> str:
+    """The reason written for every copy of a repeated pair. lines: the copies' line numbers;
+    files: the file of each copy, or None when they are all in one (the rejected row names its
+    file). Copies are listed in the order given, at most MAX_LINES_LISTED of them."""
+    if files is None or len(set(files)) == 1:
+        where, places = "on lines", [str(line) for line in lines]
+    else:
+        where, places = "at", [f"{file}:{line}" for file, line in zip(files, lines)]
+    listed = ", ".join(places[:MAX_LINES_LISTED])
+    if len(places) > MAX_LINES_LISTED:
+        listed += f", ... ({len(places)} copies)"
+    return f"duplicate (query, doc) pair ({query!r}, {doc!r}) {where} {listed}"
+
+
+def without_rows(columns, rows: np.ndarray):
+    """The columns (QrelsColumns or RunColumns) without the rows at the given indices."""
+    if not len(rows):
+        return columns
+    keep = np.ones(len(columns), bool)
+    keep[rows] = False
     mask = pa.array(keep)
     value = columns.relevance if isinstance(columns, QrelsColumns) else columns.score
-    kept = type(columns)(columns.query.filter(mask), columns.doc.filter(mask), value[keep],
+    return type(columns)(columns.query.filter(mask), columns.doc.filter(mask), value[keep],
                          columns.line[keep])
-    return kept, rejects
+
+
+def _drop_duplicates(columns):
+    """The columns of one file without every row whose (query, doc) pair occurs more than once,
+    and one (line, reason) reject per dropped row."""
+    groups = duplicate_groups(columns.query, columns.doc)
+    rejects = []
+    for rows in groups:
+        first = pa.array(rows[:1])
+        reason = duplicate_reason(columns.query.take(first)[0].as_py(), columns.doc.take(first)[0].as_py(),
+                                  columns.line[rows].tolist())
+        rejects += [(int(line), reason) for line in columns.line[rows]]
+    dropped = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    return without_rows(columns, dropped), rejects

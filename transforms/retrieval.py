@@ -2,10 +2,18 @@
 
 Each file is read whole into Arrow columns (schemas/retrieval_rows.py) and split by
 FNV-1a(query_id) mod S, so a shard holds every judgment and every retrieved document of its
-queries. Per shard the numpy kernel (transforms/kernels/retrieval.py) gives per-query values;
-their sums are kept exact (transforms/kernels/exact_sum.py: integer mantissas per exponent) so
-the averages are identical for any shard count. With --per_query the per-query values go to one
-sorted part file per shard, merged into per_query.jsonl.
+queries, from every file of every source. That is where a source's repeated (query, doc) pairs
+are found and every copy rejected, so the rule does not depend on how a source is split into
+files (or a file into blocks) or on the shard count. Per shard the numpy kernel
+(transforms/kernels/retrieval.py) gives per-query values; their sums are kept exact
+(transforms/kernels/exact_sum.py: integer mantissas per exponent) so the averages are identical
+for any shard count. With --per_query the per-query values go to one sorted part file per shard,
+merged into per_query.jsonl. Each shard also counts, per model, the run's queries that have
+judgments (QueryCoverage), from which coverage_problems tells a run that the qrels do not judge.
+
+Counts: the reader counts a file's rows read and the rows it rejects (unparsable lines, and the
+qrels rows whose --slice metadata is not finite); the shard counts the rows it rejects as
+duplicates and the rows it keeps (rows_evaluated), so every row read is counted once.
 """
 
 from __future__ import annotations
@@ -19,15 +27,19 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.retrieval_rows import format_of, read_qrels, read_run
+from schemas.retrieval_rows import (duplicate_groups, duplicate_reason, format_of, parse_qrels,
+                                    parse_run, without_rows)
 from schemas.rows import canonical_json, reject
-from transforms.io import TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join
+from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
+                           open_input)
 from transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
 from transforms.kernels.hashing import fnv1a_64, shard_of
 from transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
 
 GROUNDTRUTHS = "groundtruths"
 TAG_PER_QUERY = "per_query"
+TAG_COVERAGE = "coverage"
+EXAMPLES = 3   # query ids quoted in a coverage problem
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 # record type and parameters of each kernel measure family (trec_eval names)
@@ -62,6 +74,104 @@ class RetrievalState:
 
     def copy(self) -> "RetrievalState":
         return RetrievalState(self.queries, {k: dict(v) for k, v in self.totals.items()})
+
+
+@dataclass
+class QueryCoverage:
+    """Per model: how the queries of its run meet those of the qrels. Shards hold disjoint sets
+    of queries, so the counts of all shards add up to the run's.
+
+    run_queries: distinct queries of the run; judged: those that are also qrels queries (the
+    queries trec_eval evaluates); qrels_queries: distinct queries of the qrels;
+    unjudged_examples, qrels_examples: the byte-wise smallest few ids of the run's queries
+    without judgments and of the qrels' queries (for the message)."""
+
+    run_queries: int = 0
+    judged: int = 0
+    qrels_queries: int = 0
+    unjudged_examples: tuple = ()
+    qrels_examples: tuple = ()
+
+    def merge(self, other: "QueryCoverage") -> "QueryCoverage":
+        self.run_queries += other.run_queries
+        self.judged += other.judged
+        self.qrels_queries += other.qrels_queries
+        self.unjudged_examples = tuple(sorted(set(self.unjudged_examples + other.unjudged_examples))[:EXAMPLES])
+        self.qrels_examples = tuple(sorted(set(self.qrels_examples + other.qrels_examples))[:EXAMPLES])
+        return self
+
+    def copy(self) -> "QueryCoverage":
+        return QueryCoverage(self.run_queries, self.judged, self.qrels_queries,
+                             self.unjudged_examples, self.qrels_examples)
+
+
+def coverage_of_codes(codes) -> QueryCoverage:
+    """QueryCoverage of one shard from encode_ids' codes (query codes are dense and ordered like
+    the ids, so the smallest codes are the smallest ids)."""
+    n = len(codes.query_ids)
+    in_run = np.bincount(codes.run_query, minlength=n) > 0
+    in_qrels = np.bincount(codes.qrels_query, minlength=n) > 0
+
+    def ids(mask):
+        return tuple(codes.query_ids.take(pa.array(np.flatnonzero(mask)[:EXAMPLES], pa.int64())).to_pylist())
+
+    return QueryCoverage(int(in_run.sum()), int((in_run & in_qrels).sum()), int(in_qrels.sum()),
+                         ids(in_run & ~in_qrels), ids(in_qrels))
+
+
+def coverage_of_unjudged(query: pa.ChunkedArray) -> QueryCoverage:
+    """QueryCoverage of a run's rows in a shard that holds no judgment."""
+    import pyarrow.compute as pc
+
+    distinct = pc.unique(query)
+    smallest = distinct.take(pc.sort_indices(distinct)[:EXAMPLES]).to_pylist()
+    return QueryCoverage(len(distinct), 0, 0, tuple(smallest), ())
+
+
+def coverage_problems(coverage: list, complete: bool) -> list[dict]:
+    """Findings on the queries each model's run shares with the qrels, from (model,
+    QueryCoverage) pairs (one per shard and model, merged here):
+    - error `no_judged_queries`: none of the run's queries has a judgment (query ids written
+      differently on the two sides, or the wrong qrels): every measure would be an average over
+      no query (or, with --complete, 0 for every qrels query);
+    - warning `unjudged_queries`: more than half of the run's queries have no judgment; they are
+      left out as trec_eval leaves them out;
+    - warning `unanswered_queries` (without --complete): the run answers fewer than half of the
+      qrels' queries, and its averages are over the answered ones only.
+    A model without rows is count_problems' (transforms/outputs.py) finding, not one of these."""
+    from transforms.outputs import ERROR, WARNING, problem
+
+    merged: dict = {}
+    for model, part in coverage:
+        merged[model] = part.copy() if model not in merged else merged[model].merge(part)
+    out = []
+    for model, c in sorted(merged.items()):
+        if not c.run_queries:
+            continue
+        examples = ", ".join(repr(q) for q in c.unjudged_examples)
+        if not c.judged:
+            qrels = ", ".join(repr(q) for q in c.qrels_examples) or "none"
+            result = ("every qrels query scores 0 (--complete)" if complete
+                      else "every measure is an average over no query")
+            out.append(problem(ERROR, "no_judged_queries",
+                               f"model {model!r}: none of the {c.run_queries:,} queries of its run "
+                               f"has a judgment in the qrels, so {result}. Its query ids ({examples}"
+                               f"{', ...' if c.run_queries > EXAMPLES else ''}) and the qrels' "
+                               f"({qrels}{', ...' if c.qrels_queries > EXAMPLES else ''}) are "
+                               "probably written differently, or the qrels are not this run's."))
+            continue
+        unjudged = c.run_queries - c.judged
+        if 2 * unjudged > c.run_queries:
+            out.append(problem(WARNING, "unjudged_queries",
+                               f"model {model!r}: {unjudged:,} of the {c.run_queries:,} queries of "
+                               f"its run have no judgment in the qrels (e.g. {examples}) and are left "
+                               f"out, as trec_eval leaves them out; {c.judged:,} were evaluated."))
+        if not complete and 2 * c.judged < c.qrels_queries:
+            out.append(problem(WARNING, "unanswered_queries",
+                               f"model {model!r} answers {c.judged:,} of the {c.qrels_queries:,} "
+                               "queries of the qrels; its averages are over those only (pass "
+                               "--complete to count each unanswered query as 0, as trec_eval -c)."))
+    return out
 
 
 def _split_by_query(columns, num_shards: int):
@@ -109,37 +219,46 @@ def read_piece(path: str, qrels: bool):
 
 
 class ReadRetrievalFile(ProgressDoFn):
-    """(source, file id) -> (shard, (source, columns)) pieces; rejects and stats tagged. With
-    pieces_dir, each piece is written there as an Arrow IPC stream and only its path travels
-    (hundreds of MB of ids need not pass through the runner's data plane)."""
+    """(source, file id) -> (shard, (source, file id, columns)) pieces; rejects and stats
+    tagged. With pieces_dir, each piece is written there as an Arrow IPC stream and only its path
+    travels (hundreds of MB of ids need not pass through the runner's data plane).
+    excluded: {qrels file id: {line: reason}}, qrels rows rejected for their --slice metadata
+    (see pipelines/retrieval.py read_slices). Repeated (query, doc) pairs are left to the shard."""
 
     def __init__(self, sources, num_shards: int, quiet: bool, started: float,
-                 pieces_dir: str | None = None):
+                 pieces_dir: str | None = None, excluded: dict | None = None):
         super().__init__(quiet, started)
         self.sources = sources
         self.num_shards = num_shards
         self.pieces_dir = pieces_dir
+        self.excluded = excluded or {}
 
     def process(self, element):
         name, file_id = element
         path = self.sources[name].files[file_id]
-        with FileSystems.open(path) as stream:
+        # open_input: a truncated or corrupt compressed file raises ReadError (an input error)
+        # instead of reading as a shorter file.
+        with open_input(path) as stream:
             data = stream.read()
-        reader = read_qrels if name == GROUNDTRUTHS else read_run
-        columns, rejects = reader(data, format_of(path))
+        parse = parse_qrels if name == GROUNDTRUTHS else parse_run
+        columns, rejects = parse(data, format_of(path))
         del data
+        excluded = self.excluded.get(file_id) if name == GROUNDTRUTHS else None
+        if excluded:
+            drop = np.flatnonzero(np.isin(columns.line, np.fromiter(excluded, np.int64)))
+            rejects = sorted(rejects + [(int(line), excluded[int(line)]) for line in columns.line[drop]])
+            columns = without_rows(columns, drop)
         for line, reason in rejects:
             yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, int(line), reason))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(columns) + len(rejects)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejects)))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), len(columns)))
         for shard, index in _split_by_query(columns, self.num_shards).items():
             piece = _take(columns, index)
             if self.pieces_dir is not None:
-                path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}.arrow")
-                write_piece(piece, path)
-                piece = path
-            yield shard, (name, piece)
+                piece_path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}.arrow")
+                write_piece(piece, piece_path)
+                piece = piece_path
+            yield shard, (name, file_id, piece)
         self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}", force=True)
 
 
@@ -154,13 +273,34 @@ def _concat(pieces):
                        np.concatenate([p.line for p in pieces]))
 
 
-class EvaluateShard(ProgressDoFn):
-    """(shard, pieces) -> ((model, slice JSON), RetrievalState); per-query rows to
-    per_query_dir/part-<shard>.jsonl (TAG_PER_QUERY: (path, rows)) when per_query_dir is set."""
+def unique_pairs(source: str, files: tuple, parts: list):
+    """One source's rows in a shard, from [(file id, columns)] sorted by file id, without every
+    row of a (query, doc) pair that occurs more than once (each copy becomes a reject record
+    naming its file and line, and the reason lists every copy). Returns (columns, rejects)."""
+    columns = _concat([c for _, c in parts])
+    file_id = np.repeat(np.array([f for f, _ in parts], np.int64), [len(c) for _, c in parts])
+    groups = duplicate_groups(columns.query, columns.doc)
+    rejects = []
+    for rows in groups:
+        first = pa.array(rows[:1])
+        paths = [files[f] for f in file_id[rows]]
+        lines = columns.line[rows].tolist()
+        reason = duplicate_reason(columns.query.take(first)[0].as_py(), columns.doc.take(first)[0].as_py(),
+                                  lines, paths)
+        rejects += [reject(source, path, line, reason) for path, line in zip(paths, lines)]
+    dropped = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    return without_rows(columns, dropped), rejects
 
-    def __init__(self, models, config: RetrievalConfig, complete: bool, slices: dict | None,
+
+class EvaluateShard(ProgressDoFn):
+    """(shard, pieces) -> ((model, slice JSON), RetrievalState); tagged: rejects and stats (the
+    shard's duplicates, its rows kept), (model, QueryCoverage) (TAG_COVERAGE), and per-query rows
+    to per_query_dir/part-<shard>.jsonl (TAG_PER_QUERY: (path, rows)) when per_query_dir is set."""
+
+    def __init__(self, sources, models, config: RetrievalConfig, complete: bool, slices: dict | None,
                  per_query_dir: str | None, quiet: bool, started: float):
         super().__init__(quiet, started)
+        self.sources = sources
         self.models = models
         self.config = config
         self.complete = complete
@@ -170,20 +310,33 @@ class EvaluateShard(ProgressDoFn):
     def process(self, element):
         shard, pieces = element
         by_source: dict = {}
-        for source, columns in pieces:
+        # Pieces arrive in any order; sorted by file they make the same columns every time.
+        for source, file_id, columns in sorted(pieces, key=lambda piece: (piece[0], piece[1])):
             if isinstance(columns, str):      # a piece spilled to an Arrow IPC file
                 columns = read_piece(columns, source == GROUNDTRUTHS)
-            by_source.setdefault(source, []).append(columns)
-        qrels = by_source.get(GROUNDTRUTHS)
-        if not qrels:
+            by_source.setdefault(source, []).append((file_id, columns))
+        unique = {}
+        for source, parts in sorted(by_source.items()):
+            columns, rejects = unique_pairs(source, self.sources[source].files, parts)
+            for record in rejects:
+                yield beam.pvalue.TaggedOutput(TAG_REJECTED, record)
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), len(rejects)))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), len(columns)))
+            unique[source] = columns
+        qrels = unique.get(GROUNDTRUTHS)
+        if qrels is None or not len(qrels):
+            # Nothing to evaluate here; the runs' queries are still counted as unjudged.
+            for model in self.models:
+                if model in unique and len(unique[model]):
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_COVERAGE, (model, coverage_of_unjudged(unique[model].query)))
             return
-        qrels = _concat(qrels)
         rows = []
         for model in self.models:
-            runs = by_source.get(model)
-            run = _concat(runs) if runs else None
+            run = unique.get(model)
             empty = pa.chunked_array([], pa.string())
             codes = encode_ids(qrels.query, qrels.doc, run.query if run else empty, run.doc if run else empty)
+            yield beam.pvalue.TaggedOutput(TAG_COVERAGE, (model, coverage_of_codes(codes)))
             query_codes, values = evaluate(codes.qrels_query, codes.qrels_doc, qrels.relevance,
                                            codes.run_query, codes.run_doc,
                                            run.score if run else np.zeros(0), self.config, self.complete)
@@ -246,11 +399,13 @@ def record_sort_key(record: dict):
 
 
 class EvaluateRetrievalFiles(beam.PTransform):
-    """Qrels and run files (Sources) -> (records, per-query parts, rejects, stats)."""
+    """Qrels and run files (Sources) -> (records, per-query parts, rejects, stats, coverage):
+    coverage is (model, QueryCoverage) per shard, for coverage_problems. excluded: qrels rows
+    to reject, as ReadRetrievalFile takes it."""
 
     def __init__(self, sources, models, config: RetrievalConfig, complete: bool, slices: dict | None,
                  num_shards: int, per_query_dir: str | None, quiet: bool, started: float,
-                 pieces_dir: str | None = None):
+                 pieces_dir: str | None = None, excluded: dict | None = None):
         super().__init__()
         self.pieces_dir = pieces_dir
         self.sources = sources
@@ -262,19 +417,23 @@ class EvaluateRetrievalFiles(beam.PTransform):
         self.per_query_dir = per_query_dir
         self.quiet = quiet
         self.started = started
+        self.excluded = excluded
 
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(
             self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started,
-                                            self.pieces_dir),
+                                            self.pieces_dir, self.excluded),
             (TAG_REJECTED, TAG_STATS))
         evaluated = (read.pieces
                      | "GroupByShard" >> beam.GroupByKey()
                      | "Evaluate" >> beam.ParDo(EvaluateShard(
-                         self.models, self.config, self.complete, self.slices, self.per_query_dir,
-                         self.quiet, self.started))
-                     .with_output_types(PARTIAL).with_outputs(TAG_PER_QUERY, main="partials"))
+                         self.sources, self.models, self.config, self.complete, self.slices,
+                         self.per_query_dir, self.quiet, self.started))
+                     .with_output_types(PARTIAL)
+                     .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, main="partials"))
         metrics = (evaluated.partials
                    | "Combine" >> beam.CombinePerKey(MergeStates())
                    | "Records" >> beam.FlatMap(records, self.config, self.complete))
-        return metrics, evaluated[TAG_PER_QUERY], read[TAG_REJECTED], read[TAG_STATS]
+        rejects = (read[TAG_REJECTED], evaluated[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
+        stats = (read[TAG_STATS], evaluated[TAG_STATS]) | "AllStats" >> beam.Flatten()
+        return metrics, evaluated[TAG_PER_QUERY], rejects, stats, evaluated[TAG_COVERAGE]

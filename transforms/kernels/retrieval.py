@@ -1,10 +1,11 @@
 """Retrieval measures per query, trec_eval compatible, vectorised over all queries at once.
 
 Inputs are integer codes (see encode_ids): qrels rows (query, doc, relevance level) and run rows
-(query, doc, score), each (query, doc) pair at most once per input (the readers in
-schemas/retrieval_rows.py reject duplicates). evaluate() returns, per evaluated query, one float64
-value per measure, so a pipeline that shards by query can concatenate shards' rows and average
-them (or add them up, for the counts in SUMMED) exactly like trec_eval's `all` line.
+(query, doc, score), each (query, doc) pair at most once per input (the pipeline rejects every
+copy of a repeated pair in the shard, where all rows of a query meet: transforms/retrieval.py).
+evaluate() returns, per evaluated query, one float64 value per measure, so a pipeline that
+shards by query can concatenate shards' rows and average them (or add them up, for the counts
+in SUMMED) exactly like trec_eval's `all` line.
 
 Conventions (trec_eval 9, `trec_eval -q [-c] [-l L] [-M N]`):
 - Ranking. The rank column of a run is ignored. A query's documents are ordered by score
