@@ -227,3 +227,11 @@ def test_a_killed_process_leaves_an_unfinished_or_complete_folder(tmp_path):
     assert run(data, out) == 0
     assert _folder_state(out) == "complete"
     assert not [p for p in out.iterdir() if p.name.startswith(".evalbeam-tmp")]
+
+
+def test_an_output_that_is_a_file_is_refused(tmp_path, capsys):
+    data = small_dataset(tmp_path)
+    (tmp_path / "out").write_text("a file")
+    assert run(data, tmp_path / "out") == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "out").read_text() == "a file"

@@ -147,6 +147,9 @@ class OutputFolder:
                                                  ).startswith(TEMP_PREFIX):
                 raise InputError(f"the input {path} lies in a temporary folder of evalbeam, "
                                  "which a later run removes: move it elsewhere.")
+        if _local(self.folder) and os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise InputError(f"--output {self.folder} is a file, not a folder: name a folder "
+                             "(it is created if needed).")
         try:
             present = [n for n in OUTPUT_NAMES if _exists(self.final(n))]
         except Exception as error:
