@@ -334,12 +334,11 @@ def _fast_columns(items: list, detections: bool, need_segmentation: bool,
         return None
     if set(map(type, image_id)) - {int} or set(map(type, category_id)) - {int}:
         return None
-    if items and not (INT64[0] <= min(image_id) and max(image_id) <= INT64[1]
-                      and INT64[0] <= min(category_id) and max(category_id) <= INT64[1]):
-        return None
     if set(map(type, value)) - {int, float}:
         return None
-    try:   # OverflowError: an int beyond float range
+    try:   # OverflowError: an id beyond int64, or an int beyond float range
+        image_ids = np.array(image_id, dtype=np.int64)
+        category_ids = np.array(category_id, dtype=np.int64)
         bbox = np.array(boxes, dtype=np.float64).reshape(len(items), 4)
         numbers = np.array(value, dtype=np.float64)
     except (ValueError, TypeError, OverflowError):
@@ -358,8 +357,7 @@ def _fast_columns(items: list, detections: bool, need_segmentation: bool,
             or not polygons_valid([r.get("segmentation") for r in items])):
         return None
     return BoxRows(
-        image_id=np.array(image_id, dtype=np.int64), category_id=np.array(category_id, dtype=np.int64),
-        bbox=bbox, value=numbers,
+        image_id=image_ids, category_id=category_ids, bbox=bbox, value=numbers,
         crowd=(np.zeros(len(items), bool) if detections
                else np.array([bool(r.get("iscrowd", 0)) for r in items], dtype=bool)),
         segmentation=[r.get("segmentation") for r in items] if need_segmentation else None,
