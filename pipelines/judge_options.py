@@ -219,7 +219,8 @@ async def _get_models(url: str, key: str, timeout_s: float, where: str) -> tuple
     try:
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
             async with session.get(url.rstrip("/") + "/models") as resp:
-                text = await resp.text(errors="replace")
+                # an error body is small; a server sending more is not read past 64 KiB
+                text = (await resp.content.read(1 << 16)).decode("utf-8", "replace")
                 status = resp.status
     except asyncio.TimeoutError:
         raise UsageError(f"the judge endpoint {where} did not answer GET /models within "
