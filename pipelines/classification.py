@@ -2,32 +2,24 @@
 
     evalbeam classification --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
         [options] [Beam pipeline options]
-    python -m pipelines.classification ...   (same flags)
+    python -m evalbeam.pipelines.classification ...   (same flags)
+
+The task's declaration (pipelines/task.py); the launcher (pipelines/launcher.py) does the rest.
+Reference: pipelines/classification.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-
-from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_float_list, parse_models, parse_slices, run_job, say_error,
-                              split_beam_args)
-from transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
-                                               ClassificationConfig)
+from evalbeam.pipelines.common import UsageError, parse_float_list
+from evalbeam.pipelines.launcher import main_of, run_task
+from evalbeam.pipelines.task import TaskSpec
+from evalbeam.transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
+                                                        ClassificationConfig)
 
 TASK = "classification"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate classification predictions of one or more models against ground "
-                    "truth. Options not listed here are passed to Beam (--runner, "
-                    "--direct_num_workers, --direct_running_mode, ...).")
-    add_input_arguments(parser, ".jsonl or .parquet rows")
-    add_common_arguments(parser)
+def add_arguments(parser) -> None:
     parser.add_argument("--score_thresholds", default="0.0", metavar="T[,T...]",
                         help="score thresholds of Counts, Precision, Recall, F1, Accuracy and "
                              "ConfusionMatrix (default 0.0)")
@@ -51,27 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_labels_per_row", type=int, default=None, metavar="N",
                         help="most labels one row may hold; a longer row is rejected (default: "
                              "the bound of --max_label_values)")
-    return parser
 
 
-def parse_args(argv: list[str]):
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    beam_args = split_beam_args(rest)
+def configure(args) -> ClassificationConfig:
     metrics = frozenset(m.strip() for m in args.metrics.split(",") if m.strip())
     unknown = sorted(metrics - set(METRIC_TYPES))
     if unknown or not metrics:
         raise UsageError(f"--metrics takes names from {', '.join(METRIC_TYPES)}; got {unknown or 'none'}")
     if args.max_examples < 0:
         raise UsageError("--max_examples must be 0 or more")
-    if args.num_shards is not None and args.num_shards < 1:
-        raise UsageError("--num_shards must be 1 or more")
-    if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
     for name in ("max_label_values", "max_labels_per_row"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name} must be 1 or more")
-    config = ClassificationConfig(
+    return ClassificationConfig(
         score_thresholds=parse_float_list(args.score_thresholds, "--score_thresholds"),
         hardmax=args.hardmax,
         pr_curve_thresholds=parse_float_list(args.pr_curve_thresholds, "--pr_curve_thresholds"),
@@ -80,67 +64,10 @@ def parse_args(argv: list[str]):
         max_label_values=args.max_label_values,
         max_labels_per_row=args.max_labels_per_row,
     )
-    models = parse_models(args.predictions)
-    slices = parse_slices(args.slice)
-    return args, config, models, slices, beam_args
 
 
-def build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, quiet,
-                   started, run_info, max_rejected_fraction):
-    """Add the classification job to `pipeline`: read, evaluate, write, publish (see
-    transforms.outputs.finalize_run)."""
-    import apache_beam as beam
-
-    from transforms.classification import (MatchAndCombine, ReadClassificationFiles,
-                                           Vocabularies, record_sort_key, reject_sort_key,
-                                           vocabulary_problems)
-    from transforms.io import WriteJsonl
-    from transforms.outputs import finalize_run
-
-    slice_keys = sorted({key for spec in slices for key in spec})
-    pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
-        sources, slice_keys, num_shards, quiet, started, config)
-    per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
-    problems = per_source | "LabelProblems" >> beam.Map(vocabulary_problems, sorted(models), config)
-    records, match_rejects, match_stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
-        config, sorted(models), slices, {n: s.files for n, s in sources.items()}, quiet, started,
-        num_shards)
-    n_metrics = records | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
-    n_rejected = ((read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
-                  | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key))
-    _ = ((read_stats, match_stats) | "Stats" >> beam.Flatten()
-         | "SumStats" >> beam.CombinePerKey(sum)
-         | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
-                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction,
-                                 problems=beam.pvalue.AsSingleton(problems)))
-
-
-def run(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    started = time.time()
-    try:
-        args, config, models, slices, beam_args = parse_args(argv)
-    except UsageError as error:
-        say_error(str(error))
-        return EXIT_USAGE
-    from transforms.classification import schema_of
-    from transforms.io import preflight
-
-    def check_source(name, source):
-        preflight(source, schema_of(name), ("datum_uid", "labels"), [], task=TASK)
-
-    def build(pipeline, sources, num_shards, folder, run_info):
-        build_pipeline(pipeline, sources, config, models, slices, num_shards, folder, args.quiet,
-                       started, run_info, args.max_rejected_fraction)
-
-    def summarize(metrics_path, counts):
-        from pipelines.summary import classification_summary
-
-        return classification_summary(metrics_path, counts, config)
-
-    task_options = {
+def options(config: ClassificationConfig, args) -> dict:
+    return {
         "score_thresholds": list(config.score_thresholds), "hardmax": config.hardmax,
         "pr_curve_thresholds": list(config.pr_curve_thresholds),
         "max_examples": config.max_examples,
@@ -148,16 +75,32 @@ def run(argv: list[str] | None = None) -> int:
         "max_label_values": config.value_limit,
         "max_labels_per_row": config.labels_per_row_limit,
     }
-    return run_job(TASK, args, models, slices, beam_args, task_options, check_source, build,
-                   summarize, started)
 
 
-def main() -> None:
-    from pipelines.cli import quiet_logs
+def check_source(name: str, source, config: ClassificationConfig, slices) -> None:
+    from evalbeam.transforms.classification import schema_of
+    from evalbeam.transforms.io import preflight
 
-    quiet_logs()
-    sys.exit(run())
+    preflight(source, schema_of(name), ("datum_uid", "labels"), [], task=TASK)
+
+
+def summarize(metrics_path: str, info: dict, config: ClassificationConfig) -> str:
+    from evalbeam.pipelines.summary import classification_summary
+
+    return classification_summary(metrics_path, info["counts"], config)
+
+
+SPEC = TaskSpec(
+    name=TASK,
+    summary="evaluate classification predictions of one or more models against ground truth",
+    input_help=".jsonl or .parquet rows",
+    add_arguments=add_arguments, configure=configure, options=options,
+    check_source=check_source, transforms="evalbeam.transforms.classification", summarize=summarize)
+
+
+def run(argv: list[str] | None = None) -> int:
+    return run_task(SPEC, argv)
 
 
 if __name__ == "__main__":
-    main()
+    main_of(SPEC)

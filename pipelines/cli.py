@@ -1,21 +1,28 @@
-"""The `evalbeam` command: one subcommand per task, plus `demo`."""
+"""The `evalbeam` command: one subcommand per task (pipelines/registry.py), plus the tools."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: evalbeam COMMAND [options]
+from evalbeam.pipelines.registry import TASKS
 
-commands:
-  classification   evaluate classification predictions (evalbeam classification --help)
-  detection        evaluate object detections, COCO or Valor protocol (evalbeam detection --help)
-  segmentation     evaluate semantic segmentation masks (evalbeam segmentation --help)
-  text             evaluate generated text: ROUGE, BLEU, rule-based guardrails (evalbeam text --help)
-  retrieval        evaluate retrieval runs against qrels, trec_eval compatible (evalbeam retrieval --help)
-  judge-server     a local stand-in for an OpenAI-compatible judge endpoint (tests, dry runs)
-  demo             make a small synthetic dataset, evaluate it and show the results
+# commands that are not tasks: (module with run(argv) -> exit code, one line)
+TOOLS = {
+    "judge-server": ("evalbeam.pipelines.judge_server",
+                     "a local stand-in for an OpenAI-compatible judge endpoint (tests, dry runs)"),
+    "demo": ("evalbeam.pipelines.demo",
+             "make a small synthetic dataset, evaluate it and show the results"),
+}
 
-See the README for input formats, options and outputs."""
+
+def usage() -> str:
+    lines = ["usage: evalbeam COMMAND [options]", "", "commands:"]
+    for name, (_, line) in TASKS.items():
+        lines.append(f"  {name:<16} {line} (evalbeam {name} --help)")
+    for name, (_, line) in TOOLS.items():
+        lines.append(f"  {name:<16} {line}")
+    lines += ["", "See the README for input formats, options and outputs."]
+    return "\n".join(lines)
 
 
 def quiet_logs() -> None:
@@ -33,30 +40,23 @@ def quiet_logs() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import importlib
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage())
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     quiet_logs()
-    if command == "classification":
-        from pipelines.classification import run
-    elif command == "detection":
-        from pipelines.detection import run
-    elif command == "segmentation":
-        from pipelines.segmentation import run
-    elif command == "text":
-        from pipelines.text import run
-    elif command == "retrieval":
-        from pipelines.retrieval import run
-    elif command == "judge-server":
-        from pipelines.judge_server import run
-    elif command == "demo":
-        from pipelines.demo import run
-    else:
-        print(f"evalbeam: error: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(run(rest))
+    if command in TASKS:
+        from evalbeam.pipelines.launcher import run_task
+        from evalbeam.pipelines.registry import spec_of
+
+        sys.exit(run_task(spec_of(command), rest))
+    if command in TOOLS:
+        sys.exit(importlib.import_module(TOOLS[command][0]).run(rest))
+    print(f"evalbeam: error: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

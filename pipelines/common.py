@@ -1,23 +1,13 @@
-"""What every task's launcher shares: model specs, Beam options, outputs, run.json, exit codes.
-
-Exit codes (run.json's status in brackets): 0 success ("complete"); 1 the run finished and wrote
-its outputs but rejected more rows than --max_rejected_fraction allows
-("complete_with_rejections"); 2 unusable command line, inputs or output folder (nothing on disk
-changed), or an input that broke off while being read ("failed"); 3 the pipeline failed
-("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the run could not
-compute what was asked ("incomplete": every row of a source rejected, a --slice key no row has,
-judge calls that failed; run.json's "problems" say which).
-"""
+"""What every task's command line shares: parsing helpers, model specs, Beam options and
+runners, version and secret-safe argument records, messages, exit codes (their meaning:
+pipelines/launcher.py)."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
 import platform
 import re
 import sys
-import time
 from importlib import metadata
 
 
@@ -149,27 +139,6 @@ def say_error(message: str) -> None:
     print(f"evalbeam: error: {message}", file=sys.stderr)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", required=True, metavar="DIR",
-                        help="output folder (local path or FileSystems URI)")
-    parser.add_argument("--slice", action="append", default=[], metavar="KEY[,KEY...]",
-                        help="also compute every metric per combination of values of these ground-"
-                             "truth metadata keys (repeatable)")
-    parser.add_argument("--num_shards", type=int, default=None,
-                        help="number of datum shards (default: from the input size)")
-    parser.add_argument("--max_rejected_fraction", type=float, default=0.0, metavar="F",
-                        help="exit 0 even if up to this fraction of rows was rejected (default 0)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace files named like evalbeam's outputs in --output even if "
-                             "evalbeam did not write them (inputs are never replaced)")
-    parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
-
-
-def default_num_shards(total_bytes: int) -> int:
-    """About one shard per 64 MiB of input, at least 2 (so two workers have work), at most 256."""
-    return max(2, min(256, -(-total_bytes // (64 << 20))))
-
-
 def local_runner(options):
     """The DirectRunner's batch engine (the FnApiRunner, which honours --direct_running_mode and
     --direct_num_workers), set up as the DirectRunner sets it up, minus its first step: since
@@ -203,172 +172,6 @@ def local_pipeline(args: list[str] | None = None):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     return make_pipeline(PipelineOptions(list(args or [])))
-
-
-def _multi_process(options) -> bool:
-    all_options = options.get_all_options()
-    runner = (all_options.get("runner") or "direct").lower()
-    return runner in ("direct", "directrunner") and \
-        all_options.get("direct_running_mode") == "multi_processing"
-
-
-@contextlib.contextmanager
-def worker_stderr_filtered(enabled: bool, keep_progress: bool):
-    """On the multi-process DirectRunner, pass the worker processes' standard error through a
-    filter while the pipeline runs: only evalbeam's own lines ("evalbeam: ...", the progress)
-    go on, and none with --quiet. The workers inherit stderr, and Beam's worker start-up logs
-    at INFO, warns about optional cloud clients and prints a failing step's traceback before or
-    regardless of any level set by options; the launcher reports failures in one paragraph
-    after the run, with stderr restored. EVALBEAM_LOG_LEVEL set: nothing is filtered."""
-    if not enabled or os.environ.get("EVALBEAM_LOG_LEVEL"):
-        yield
-        return
-    import threading
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    read_end, write_end = os.pipe()
-
-    def relay():
-        with os.fdopen(read_end, "rb") as lines:
-            for line in lines:
-                if keep_progress and line.startswith(b"evalbeam: "):
-                    os.write(saved, line)
-
-    thread = threading.Thread(target=relay, daemon=True)
-    thread.start()
-    try:
-        os.dup2(write_end, 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(write_end)
-        thread.join(timeout=10)
-        os.close(saved)
-
-
-def _inputs_of(sources: dict) -> list[str]:
-    return [path for source in sources.values() for path in source.files]
-
-
-def run_job(task: str, args, models: dict[str, str], slices: list, beam_args: list[str],
-            task_options: dict, check_source, build, summarize, started: float,
-            min_shards: int = 1, outputs: tuple = (), known_formats: bool = True) -> int:
-    """Everything a task's launcher does around its pipeline.
-
-    Expands and checks the inputs (check_source(name, source) raises InputError) and the output
-    folder, all without writing anything; takes the output folder (transforms.outputs), runs
-    build(pipeline, sources, num_shards, folder, run_info) on Beam, and reports: one paragraph
-    on failure, else summarize(metrics_path, counts), the run's problems and, when too many rows
-    were rejected, the rejection message. Returns the exit code, which agrees with run.json's
-    status (transforms.outputs.EXIT_CODES)."""
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from transforms.io import READ_ERROR, InputError, expand_source, read_json
-    from transforms.outputs import EXIT_CODES, RUNNING, OutputFolder
-
-    folder = OutputFolder(args.output, outputs, overwrite=getattr(args, "overwrite", False))
-    try:
-        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths, known_formats)}
-        for name, pattern in models.items():
-            sources[name] = expand_source(name, pattern, known_formats)
-        for name, source in sources.items():
-            check_source(name, source)
-        folder.check(_inputs_of(sources))
-    except InputError as error:
-        say_error(getattr(error, "message", str(error)))
-        return EXIT_USAGE
-
-    total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-                      for path in _inputs_of(sources))
-    num_shards = args.num_shards or max(min_shards, default_num_shards(total_bytes))
-    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
-        # multi-process and remote workers log at INFO by default; keep stderr for progress
-        beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
-    options = PipelineOptions(beam_args)
-    run_info = {
-        "task": task,
-        "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
-        "models": sorted(models),
-        "sources": list(sources),
-        "slices": [list(s) for s in slices],
-        "options": dict(task_options, num_shards=num_shards,
-                        max_rejected_fraction=args.max_rejected_fraction),
-        "runner": options.get_all_options().get("runner") or "DirectRunner",
-        "beam_args": safe_beam_args(beam_args),
-        "versions": versions(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-    }
-    try:
-        folder.start(run_info)
-    except InputError as error:
-        say_error(str(error))
-        return EXIT_USAGE
-    if not args.quiet:
-        print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
-              f"on {run_info['runner']}", file=sys.stderr)
-    try:
-        pipeline = make_pipeline(options)
-        build(pipeline, sources, num_shards, folder, run_info)
-        with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
-            pipeline.run().wait_until_finish()
-    except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
-        text = str(error)
-        if READ_ERROR in text:   # an input that broke off while being read: not a bug
-            reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
-            reason = re.sub(r" \[while running '.*'\]$", "", reason)
-            code, kind = EXIT_USAGE, "the run stopped on its input"
-        else:
-            reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
-            code, kind = EXIT_FAILED, "the pipeline failed"
-        run_info.update(error=reason, wall_time_seconds=round(time.time() - started, 3))
-        folder.fail(run_info)
-        say_error(f"{kind} ({reason}). No metrics were written; {folder.final('run.json')} "
-                  f"records the failure.")
-        return code
-    info = read_json(folder.final("run.json"))
-    if info.get("status") == RUNNING:
-        # A runner that returns before the job ends (e.g. a Dataflow flex template launch).
-        print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
-              "finishes (run.json says \"running\" until then).", file=sys.stderr)
-        return EXIT_OK
-    if not args.quiet:
-        print(summarize(folder.final("metrics.jsonl"), info["counts"]))
-        scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
-                         if name.split(".")[0] + "_written" in info)
-        print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
-              f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
-              f"Wall time {info['wall_time_seconds']:.1f} s.")
-    report_problems(info, folder.final("rejected.jsonl"), args.max_rejected_fraction)
-    return EXIT_CODES[info["status"]]
-
-
-def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
-    """The run's warnings, why it is incomplete, and the rejection message, on stderr: what the
-    exit code means, in words, whatever --quiet says."""
-    from transforms.outputs import INCOMPLETE, WITH_REJECTIONS
-
-    for p in info.get("problems", []):
-        if p["severity"] == "warning":
-            print(f"evalbeam: warning: {p['message']}", file=sys.stderr)
-    errors = [p["message"] for p in info.get("problems", []) if p["severity"] == "error"]
-    if info["status"] == INCOMPLETE:
-        print(f"evalbeam: the run is incomplete (status \"incomplete\", exit 4): "
-              f"{' '.join(errors)} The outputs were written; run.json lists the problems.",
-              file=sys.stderr)
-    elif info["status"] == WITH_REJECTIONS:
-        print(rejection_message(info["counts"], info["first_rejections"], rejected_path, allowed),
-              file=sys.stderr)
-
-
-def add_input_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--groundtruths", required=True, metavar="PATH",
-                        help=f"ground truth: a path or glob ({what})")
-    parser.add_argument("--predictions", required=True, action="append", metavar="[NAME=]PATH",
-                        help="predictions of one model (repeatable); without NAME the model "
-                             "is named after the file's stem")
 
 
 def parse_models(specs: list[str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from pipelines.synthetic import write_classification_dataset
+from evalbeam.pipelines.synthetic import write_classification_dataset
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def run(argv: list[str] | None = None) -> int:
                                          seed=args.seed)
     print(f"evalbeam demo: wrote {args.n_datums:,} ground truths and the predictions of "
           f"{len(paths) - 1} models to {data}/", file=sys.stderr)
-    from pipelines.classification import run as classify
+    from evalbeam.pipelines.classification import run as classify
 
     command = ["--groundtruths", paths["groundtruths"],
                *[f"--predictions={name}={path}" for name, path in paths.items() if name != "groundtruths"],

@@ -1,35 +1,25 @@
-"""`evalbeam detection`: object detection metrics on Apache Beam (COCO protocol, COCO files).
+"""`evalbeam detection`: object detection metrics on Apache Beam (COCO or Valor protocol).
 
     evalbeam detection --groundtruths instances.json --predictions [NAME=]results.json ...
         --output DIR [--iou_type bbox|segm] [options] [Beam pipeline options]
-    python -m pipelines.detection ...   (same flags)
+    python -m evalbeam.pipelines.detection ...   (same flags)
+
+The task's declaration (pipelines/task.py); the launcher (pipelines/launcher.py) does the rest.
+Reference: pipelines/detection.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-
-from schemas.formats import format_of
-from schemas.limits import MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
-from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_float_list, parse_models, parse_slices, run_job, say_error,
-                              split_beam_args)
+from evalbeam.pipelines.common import UsageError, parse_float_list
+from evalbeam.pipelines.launcher import main_of, run_task
+from evalbeam.pipelines.task import TaskSpec
+from evalbeam.schemas.formats import format_of
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
 
 TASK = "detection"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate object detections of one or more models against ground truth, with "
-                    "the COCO protocol (pycocotools' numbers) or the Valor protocol. Options not "
-                    "listed here are passed to Beam.")
-    add_input_arguments(parser, "a COCO instances .json with COCO results .json predictions, or "
-                                "native .jsonl/.parquet rows for both")
-    add_common_arguments(parser)
+def add_arguments(parser) -> None:
     parser.add_argument("--iou_type", choices=("bbox", "segm"), default="bbox",
                         help="geometry compared: boxes or segmentation masks (default bbox)")
     parser.add_argument("--protocol", choices=("coco", "valor"), default=None,
@@ -58,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest mask a row may hold, in pixels (height x width of a raster "
                              "or RLE, and of an image whose polygons are rasterised with --iou_type "
                              "segm; default 100000000); larger rows are rejected")
-    return parser
 
 
 def is_coco_name(path: str) -> bool:
@@ -68,11 +57,10 @@ def is_coco_name(path: str) -> bool:
     return lower.endswith((".json", ".json.gz", ".json.bz2", ".json.xz", ".json.deflate"))
 
 
-def parse_args(argv: list[str]):
-    from transforms.detection import COCO, Protocol
+def configure(args):
+    """A DetectionConfig (transforms.detection) from the options."""
+    from evalbeam.transforms.detection import COCO, DetectionConfig, Protocol
 
-    args, rest = build_parser().parse_known_args(argv)
-    beam_args = split_beam_args(rest)
     native = (format_of(args.groundtruths) in ("jsonl", "parquet")
               and not is_coco_name(args.groundtruths))
     if args.protocol is None:
@@ -106,15 +94,15 @@ def parse_args(argv: list[str]):
             raise UsageError("--max_examples must be 0 or more")
         if len(protocol.matching_thresholds) > 16:
             raise UsageError("at most 16 IoU thresholds, the PR curve's included")
-    return args, parse_models(args.predictions), parse_slices(args.slice), beam_args, protocol, native
+    return DetectionConfig(args.iou_type, protocol, native, args.max_image_pixels)
 
 
 def check_coco_source(name: str, source) -> None:
     """A COCO file is one JSON document: an object with images and annotations (ground truth)
     or an array of detections (results). Only its first 64 KiB are read here (a UTF-8 byte
     order mark skipped); the whole document is checked by the worker that reads it."""
-    from schemas.safe_json import BOM, loads_row
-    from transforms.io import InputError, open_input
+    from evalbeam.schemas.safe_json import BOM, loads_row
+    from evalbeam.transforms.io import InputError, open_input
 
     if len(source.files) != 1:
         what = ("the ground truth must be one COCO instances JSON file" if name == "groundtruths"
@@ -152,7 +140,7 @@ def check_coco_source(name: str, source) -> None:
 
 def check_native_source(name: str, source) -> None:
     """Native rows: JSONL or Parquet files whose rows carry datum_uid and annotations."""
-    from transforms.io import InputError, preflight
+    from evalbeam.transforms.io import InputError, preflight
 
     for path in source.files:
         if format_of(path) not in ("jsonl", "parquet") or is_coco_name(path):
@@ -161,86 +149,43 @@ def check_native_source(name: str, source) -> None:
     preflight(source, None, ("datum_uid", "annotations"), [], task=TASK)
 
 
-def build_pipeline(pipeline, sources, models, slices, iou_type, num_shards, folder, quiet,
-                   started, run_info, max_rejected_fraction, protocol, native,
-                   max_pixels: int = MAX_IMAGE_PIXELS):
-    import apache_beam as beam
-
-    from transforms.classification import reject_sort_key
-    from transforms.detection import EvaluateDetectionFiles
-    from transforms.io import WriteJsonl
-    from transforms.outputs import finalize_run
-
-    metrics, rejected, stats, problems = pipeline | "Detection" >> EvaluateDetectionFiles(
-        sources, sorted(models), slices, iou_type, num_shards, quiet, started, protocol, native,
-        max_pixels)
-    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
-    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
-    _ = (stats
-         | "SumStats" >> beam.CombinePerKey(sum)
-         | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
-                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction, problems=beam.pvalue.AsList(problems)))
+def check_source(name: str, source, config, slices) -> None:
+    if config.native:
+        check_native_source(name, source)
+    else:
+        check_coco_source(name, source)
 
 
-RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
-                "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
-                "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
-                "DetailedPrecisionRecallCurve", "ConfusionMatrix")
+def options(config, args) -> dict:
+    protocol = config.protocol
+    return {"iou_type": config.iou_type, "protocol": protocol.name,
+            "score_bins": protocol.score_bins, "max_image_pixels": config.max_image_pixels,
+            "iou_thresholds": list(protocol.iou_thresholds),
+            **({"score_thresholds": list(protocol.score_thresholds),
+                "pr_curve_thresholds": list(protocol.pr_curve_thresholds),
+                "pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}
+               if protocol.name == "valor" else {})}
 
 
-def record_sort_key(record: dict):
-    """model, slice, type, then threshold and label (category id for COCO records)."""
-    params = record["parameters"]
-    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
-            RECORD_ORDER.index(record["type"]), params.get("iou_threshold", -1.0),
-            params.get("score_threshold", -1.0), params.get("category_id", -1),
-            str(params.get("label", "")), params.get("bound", ""))
+def summarize(metrics_path: str, info: dict, config) -> str:
+    from evalbeam.pipelines.summary import detection_summary
+
+    return detection_summary(metrics_path, info["counts"])
+
+
+SPEC = TaskSpec(
+    name=TASK,
+    summary="evaluate object detections of one or more models against ground truth, with the "
+            "COCO protocol (pycocotools' numbers) or the Valor protocol",
+    input_help="a COCO instances .json with COCO results .json predictions, or native "
+               ".jsonl/.parquet rows for both",
+    add_arguments=add_arguments, configure=configure, options=options,
+    check_source=check_source, transforms="evalbeam.transforms.detection", summarize=summarize)
 
 
 def run(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    started = time.time()
-    try:
-        args, models, slices, beam_args, protocol, native = parse_args(argv)
-    except UsageError as error:
-        say_error(str(error))
-        return EXIT_USAGE
-
-    def build(pipeline, sources, num_shards, folder, run_info):
-        build_pipeline(pipeline, sources, models, slices, args.iou_type, num_shards, folder,
-                       args.quiet, started, run_info, args.max_rejected_fraction, protocol, native,
-                       args.max_image_pixels)
-
-    def summarize(metrics_path, counts):
-        from pipelines.summary import detection_summary
-
-        return detection_summary(metrics_path, counts)
-
-    def check_source(name, source):
-        if native:
-            check_native_source(name, source)
-        else:
-            check_coco_source(name, source)
-
-    return run_job(TASK, args, models, slices, beam_args,
-                   {"iou_type": args.iou_type, "protocol": protocol.name,
-                    "score_bins": protocol.score_bins, "max_image_pixels": args.max_image_pixels,
-                    "iou_thresholds": list(protocol.iou_thresholds),
-                    **({"score_thresholds": list(protocol.score_thresholds),
-                        "pr_curve_thresholds": list(protocol.pr_curve_thresholds),
-                        "pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}
-                       if protocol.name == "valor" else {})},
-                   check_source, build, summarize, started)
-
-
-def main() -> None:
-    from pipelines.cli import quiet_logs
-
-    quiet_logs()
-    sys.exit(run())
+    return run_task(SPEC, argv)
 
 
 if __name__ == "__main__":
-    main()
+    main_of(SPEC)

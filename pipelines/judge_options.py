@@ -2,9 +2,8 @@
 
 add_judge_arguments(parser) adds them; judge_setup(args, beam_args) turns them into
 (JudgeSettings, JudgeMetricConfig, journal root); check_judge(settings, ...) checks the key's
-variable and the endpoint before the run; judge_report(counters) is run.json's "judge" section;
-judge_problems(records, limit) the run's findings on datums the judge could not score;
-judge_table(report) the lines printed after a run (or a dry run).
+variable and the endpoint before the run; judge_options_info(...) records them in run.json;
+judge_table(report) prints run.json's "judge" section (transforms.judge.report) after a run.
 """
 
 from __future__ import annotations
@@ -16,18 +15,12 @@ import math
 import os
 import re
 
-from pipelines.common import UsageError, parse_optional_number
+from evalbeam.pipelines.common import UsageError, parse_optional_number
 
 DEFAULT_URL_HINT = "e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 # How long the check before a run waits for the endpoint's answer to GET /models.
 CHECK_TIMEOUT_S = 5.0
-# Datum statuses of a judge metric that are results or deliberate choices, not failures: any
-# other status (a judge call's failure status: http_error, timeout, invalid_output, ...) means
-# the metric could not be computed for that datum.
-NOT_FAILED = ("ok", "no_statements", "not_applicable", "missing_prediction", "dry_run", "not_sent")
-# ... and those of them that were not meant to be judged at all (outside the denominator).
-NOT_ASKED = ("not_applicable", "missing_prediction", "dry_run")
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,9 +96,9 @@ def _workers(beam_args: list[str]) -> int:
 
 def judge_setup(args, beam_args: list[str]):
     """(JudgeSettings, JudgeMetricConfig, journal root) from the parsed options."""
-    from transforms.judge.metrics import JudgeMetricConfig
-    from transforms.judge.templates import TemplateError, load_byop
-    from transforms.judge.transform import JudgeSettings
+    from evalbeam.transforms.judge.metrics import JudgeMetricConfig
+    from evalbeam.transforms.judge.templates import TemplateError, load_byop
+    from evalbeam.transforms.judge.transform import JudgeSettings
 
     if not args.judge_url:
         raise UsageError("judge metrics need --judge_url (an OpenAI-compatible API base URL, "
@@ -249,7 +242,7 @@ async def _get_models(url: str, key: str, timeout_s: float, where: str) -> tuple
 
 def judge_options_info(settings, config, journal: str) -> dict:
     """What run.json records of the judge options (never the key: only its variable's name)."""
-    from transforms.judge.journal import endpoint_host
+    from evalbeam.transforms.judge.journal import endpoint_host
 
     return {"endpoint_host": endpoint_host(settings.url), "model": config.model,
             "embedding_model": config.embedding_model, "api_key_env": settings.api_key_env,
@@ -262,95 +255,9 @@ def judge_options_info(settings, config, journal: str) -> dict:
             "byop": [t.name for t in config.byop]}
 
 
-def judge_report(counters: dict) -> dict:
-    """run.json's "judge" section from the merged session counters."""
-    c = dict(counters or {})
-    statuses = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("status:")}
-    failed = {s: n for s, n in statuses.items() if s not in ("ok", "dry_run", "not_sent")}
-    per_metric: dict = {}
-    for key, value in c.items():
-        if "@" in key:
-            counter, metric = key.split("@", 1)
-            per_metric.setdefault(metric, {})[counter] = value
-    sent = c.get("sent", 0)
-    span = c.get("max:last_done", 0) - c.get("min:first_send", 0)
-    samples = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("sample:")}
-    return {
-        "requests": c.get("requests", 0), "cached": c.get("cached", 0), "shared": c.get("shared", 0),
-        "sent": sent, "ok": statuses.get("ok", 0), "failed_by_status": dict(sorted(failed.items())),
-        "error_samples": dict(sorted(samples.items())),
-        "not_sent": statuses.get("not_sent", 0), "dry_run": statuses.get("dry_run", 0),
-        "prompt_tokens": c.get("prompt_tokens", 0), "completion_tokens": c.get("completion_tokens", 0),
-        "estimated_cost": round(c.get("cost", 0.0), 6),
-        "achieved_requests_per_minute": round(sent / span * 60.0, 2) if sent and span > 0 else None,
-        "per_metric": {m: {k: (round(v, 6) if isinstance(v, float) else v) for k, v in sorted(d.items())}
-                       for m, d in sorted(per_metric.items())},
-    }
-
-
-def _metric_label(record: dict) -> str:
-    template = record["parameters"].get("template")
-    return record["type"] + (f" ({template})" if template else "")
-
-
-def judge_problems(records: list[dict], max_failed_fraction: float,
-                   samples: dict | None = None) -> list[dict]:
-    """The run's findings on datums the judge could not score (transforms.outputs.problem dicts).
-
-    records: the judge metrics' records of the whole dataset (slice {}), one per model and
-    metric, with "counts" per datum status. Per metric (BYOP per template), over all models:
-    failed = the datums whose status is a failure (any status not in NOT_FAILED: http_error,
-    timeout, invalid_output, ...), asked = all datums but those in NOT_ASKED. An error
-    "judge_failed" (the run is incomplete) when failed / asked > max_failed_fraction, a warning
-    "judge_failed_within_limit" when some failed within it; one warning "judge_not_sent" for the
-    datums a --judge_max_calls / --judge_max_cost budget left unjudged. samples: {status: the
-    first error text of that status} (redacted by the client), quoted in the messages."""
-    from transforms.outputs import ERROR, WARNING, problem
-
-    totals: dict = {}
-    for record in records:
-        counts = totals.setdefault(_metric_label(record), {})
-        for status, n in record["counts"].items():
-            counts[status] = counts.get(status, 0) + n
-    out, not_sent = [], {}
-    for label in sorted(totals):
-        counts = totals[label]
-        if counts.get("not_sent"):
-            not_sent[label] = counts["not_sent"]
-        failed = {s: n for s, n in sorted(counts.items()) if s not in NOT_FAILED and n}
-        if not failed:
-            continue
-        n_failed = sum(failed.values())
-        asked = sum(n for s, n in counts.items() if s not in NOT_ASKED)
-        over = n_failed / asked > max_failed_fraction
-        statuses = ", ".join(f"{s} {n:,}" for s, n in failed.items())
-        example = next((f"; e.g. {s}: {samples[s][:200]}" for s in failed if (samples or {}).get(s)), "")
-        judged = counts.get("ok", 0)
-        value = (f"its value is the mean over the {judged:,} datums judged ok" if judged else
-                 "it has no value")
-        text = (f"judge metric {label}: {n_failed:,} of {asked:,} datums could not be judged "
-                f"({statuses}{example}); ")
-        if over:
-            hint = ("" if any(p["code"] == "judge_failed" for p in out) else
-                    " Fix the endpoint and run again: answers already received are reused from "
-                    "the journal.")
-            out.append(problem(ERROR, "judge_failed", text + (
-                f"more than --judge_max_failed_fraction {max_failed_fraction:g} allows, and "
-                f"{value}.{hint}")))
-        else:
-            out.append(problem(WARNING, "judge_failed_within_limit", text + (
-                f"within --judge_max_failed_fraction {max_failed_fraction:g}; {value}.")))
-    if not_sent:
-        listed = ", ".join(f"{label} {n:,}" for label, n in not_sent.items())
-        out.append(problem(WARNING, "judge_not_sent", (
-            f"the judge budget (--judge_max_calls / --judge_max_cost) was reached: datums not "
-            f"judged: {listed}; their status is not_sent.")))
-    return out
-
-
 def judge_table(report: dict) -> str:
     """Per metric: requests, sent (or counted in a dry run), estimated cost; then the totals."""
-    from pipelines.summary import _table
+    from evalbeam.pipelines.summary import _table
 
     dry = report.get("dry_run", 0) > 0
     rows = [[metric, f"{d.get('requests', 0):,}", f"{d.get('dry_run' if dry else 'sent', 0):,}",

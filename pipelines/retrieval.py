@@ -1,30 +1,24 @@
 """`evalbeam retrieval`: ranking metrics of retrieval runs against qrels, trec_eval compatible.
 
     evalbeam retrieval --groundtruths QRELS --predictions [NAME=]RUN ... --output DIR [options]
-    python -m pipelines.retrieval ...   (same flags)
+    python -m evalbeam.pipelines.retrieval ...   (same flags)
+
+The task's declaration (pipelines/task.py); the launcher (pipelines/launcher.py) does the rest.
+Reference: pipelines/retrieval.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-
-from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_models, parse_slices, run_job, say_error, split_beam_args)
+from evalbeam.pipelines.common import UsageError
+from evalbeam.pipelines.launcher import main_of, run_task
+from evalbeam.pipelines.task import TaskSpec
+from evalbeam.transforms.kernels.retrieval import RetrievalConfig
 
 TASK = "retrieval"
 MIN_SHARDS = 8
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate retrieval runs against relevance judgments (TREC qrels/run files or "
-                    "JSONL), with trec_eval's conventions. Options not listed here are passed to "
-                    "Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
-    add_input_arguments(parser, "TREC qrels / run files, or .jsonl rows")
-    add_common_arguments(parser)
+def add_arguments(parser) -> None:
     parser.add_argument("--k", default="1,3,5,10,20,100,1000", metavar="K[,K...]",
                         help="rank cutoffs of Precision, Recall, F1, Hit, MAP@k, DCG and NDCG "
                              "(default 1,3,5,10,20,100,1000)")
@@ -38,18 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "scoring 0 (trec_eval -c); default: the queries of the run")
     parser.add_argument("--per_query", action="store_true",
                         help="also write per_query.jsonl: every measure of every (query, model)")
-    return parser
 
 
-def parse_args(argv: list[str]):
-    from transforms.kernels.retrieval import RetrievalConfig
-
-    args, rest = build_parser().parse_known_args(argv)
-    beam_args = split_beam_args(rest)
-    if args.num_shards is not None and args.num_shards < 1:
-        raise UsageError("--num_shards must be 1 or more")
-    if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+def configure(args) -> RetrievalConfig:
     try:
         ks = tuple(int(k) for k in args.k.split(",") if k.strip())
     except ValueError:
@@ -58,20 +43,20 @@ def parse_args(argv: list[str]):
         raise UsageError("--k takes positive integers")
     if args.relevance_level < 0 or args.max_docs < 0:
         raise UsageError("--relevance_level and --max_docs must be 0 or more")
-    config = RetrievalConfig(ks=ks, relevance_level=args.relevance_level,
-                             max_docs_per_query=args.max_docs or None)
-    return args, config, parse_models(args.predictions), parse_slices(args.slice), beam_args
+    return RetrievalConfig(ks=ks, relevance_level=args.relevance_level,
+                           max_docs_per_query=args.max_docs or None, complete=args.complete,
+                           per_query=args.per_query)
 
 
-def check_source(name: str, source, slices=()) -> None:
+def check_source(name: str, source, config: RetrievalConfig, slices) -> None:
     """A file must look like its kind: qrels lines of 4 fields or JSONL judgments; run lines of
     at least 6 fields or JSONL scores (rows are checked one by one later). --slice needs JSONL
     qrels (their metadata). A file of another task's rows (JSONL or Parquet) is named with the
     command that reads it. Only the first non-blank line is read (through open_input, so a
     compressed file that breaks off there is an input error too)."""
-    from schemas.retrieval_rows import format_of
-    from schemas.safe_json import loads_row
-    from transforms.io import InputError, head_lines, open_input, wrong_task_message
+    from evalbeam.schemas.retrieval_rows import format_of
+    from evalbeam.schemas.safe_json import loads_row
+    from evalbeam.transforms.io import InputError, head_lines, open_input, wrong_task_message
 
     qrels = name == "groundtruths"
     for path in source.files:
@@ -116,7 +101,7 @@ def check_source(name: str, source, slices=()) -> None:
 
 def _check_parquet(name: str, path: str) -> None:
     """Retrieval reads no Parquet: name the command for another task's file, else say so."""
-    from transforms.io import InputError, open_input, wrong_task_message
+    from evalbeam.transforms.io import InputError, open_input, wrong_task_message
 
     try:
         import pyarrow.parquet as pq
@@ -132,122 +117,35 @@ def _check_parquet(name: str, path: str) -> None:
                               "TREC qrels and run files, or JSONL rows (see the README).")
 
 
-def read_slices(sources, slices) -> tuple[dict | None, dict]:
-    """The --slice values of each query and the qrels rows that cannot carry them.
-
-    Returns ({spec: {query_id: tuple of canonical JSON values}}, {qrels file id: {line:
-    reason}}). A query's values come from its first qrels row (files in order) that has a
-    "metadata" object; rows the reader rejects do not count (json_row: malformed, too deep, a
-    lone surrogate, a bad field, a line too long), rows the shards reject as repeated (query,
-    doc) pairs do (that needs every file at once). A row whose metadata value for a --slice key
-    is NaN or infinite (no JSON output can name that slice) is listed with the reason and
-    rejected by the pipeline's reader, so its judgment is not used either; the query's values
-    then come from its next row. Lines are read one at a time, at most MAX_ROW_BYTES each."""
-    if not slices:
-        return None, {}
-    from schemas.retrieval_rows import MAX_ROW_BYTES, json_row
-    from schemas.rows import canonical_json
-    from schemas.safe_json import iter_lines, slice_value_problem
-    from transforms.io import open_input
-
-    keys = sorted({key for spec in slices for key in spec})
-    per_query: dict = {}
-    excluded: dict = {}
-    for file_id, path in enumerate(sources["groundtruths"].files):
-        with open_input(path) as stream:
-            for number, raw in iter_lines(stream, MAX_ROW_BYTES):
-                if raw is None or not raw.strip():
-                    continue
-                row, problem = json_row(raw, "qrels")
-                if problem or not isinstance(row.get("metadata"), dict):
-                    continue
-                metadata = row["metadata"]
-                reason = next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
-                if reason:
-                    excluded.setdefault(file_id, {})[number] = reason
-                    continue
-                per_query.setdefault(row["query_id"], metadata)
-    values = {spec: {q: tuple(canonical_json(m.get(k)) for k in spec) for q, m in per_query.items()}
-              for spec in slices}
-    return values, excluded
+def options(config: RetrievalConfig, args) -> dict:
+    return {"k": list(config.ks), "relevance_level": config.relevance_level,
+            "max_docs": config.max_docs_per_query, "complete": config.complete,
+            "per_query": config.per_query}
 
 
-def build_pipeline(pipeline, sources, models, slices, config, complete, per_query, num_shards,
-                   folder, quiet, started, run_info, max_rejected_fraction):
-    import apache_beam as beam
+def summarize(metrics_path: str, info: dict, config: RetrievalConfig) -> str:
+    from evalbeam.pipelines.summary import retrieval_summary
 
-    from transforms.classification import reject_sort_key
-    from transforms.io import WriteJsonl, merge_sorted_parts
-    from transforms.retrieval import EvaluateRetrievalFiles, record_sort_key
-
-    slice_values, excluded = read_slices(sources, slices)
-    metrics, parts, rejected, stats, coverage = pipeline | "Retrieval" >> EvaluateRetrievalFiles(
-        sources, sorted(models), config, complete, slice_values, num_shards,
-        folder.temp("per-query-parts") if per_query else None, quiet, started,
-        folder.temp("pieces"), excluded)
-    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
-    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
-    extra = []
-    if per_query:
-        n_rows = (parts | "GatherParts" >> beam.combiners.ToList()
-                  | "MergePerQuery" >> beam.Map(merge_sorted_parts, folder.temp("per_query.jsonl"),
-                                                "query_id"))
-        extra = [beam.pvalue.AsSingleton(n_rows)]
-    _ = (stats
-         | "SumStats" >> beam.CombinePerKey(sum)
-         | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(publish, beam.pvalue.AsSingleton(n_metrics),
-                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction, *extra,
-                                 coverage=beam.pvalue.AsList(coverage), complete=complete))
+    return retrieval_summary(metrics_path, info["counts"])
 
 
-def publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
-            *n_rows, coverage=(), complete=False):
-    """finalize_run, with the findings on the queries the runs share with the qrels (coverage:
-    the (model, QueryCoverage) pairs of every shard; transforms.retrieval.coverage_problems).
-    n_rows: the rows of per_query.jsonl, when written."""
-    from transforms.outputs import finalize_run
-    from transforms.retrieval import coverage_problems
+def extra_outputs(config: RetrievalConfig) -> tuple:
+    return ("per_query.jsonl",) if config.per_query else ()
 
-    return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
-                        max_rejected_fraction, *n_rows,
-                        problems=coverage_problems(coverage, complete))
+
+SPEC = TaskSpec(
+    name=TASK,
+    summary="evaluate retrieval runs against relevance judgments (TREC qrels/run files or JSONL), "
+            "with trec_eval's conventions",
+    input_help="TREC qrels / run files, or .jsonl rows",
+    add_arguments=add_arguments, configure=configure, options=options,
+    check_source=check_source, transforms="evalbeam.transforms.retrieval", summarize=summarize,
+    extra_outputs=extra_outputs, min_shards=MIN_SHARDS, known_formats=False)
 
 
 def run(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    started = time.time()
-    try:
-        args, config, models, slices, beam_args = parse_args(argv)
-    except UsageError as error:
-        say_error(str(error))
-        return EXIT_USAGE
-
-    def build(pipeline, sources, num_shards, folder, run_info):
-        build_pipeline(pipeline, sources, models, slices, config, args.complete, args.per_query,
-                       num_shards, folder, args.quiet, started, run_info, args.max_rejected_fraction)
-
-    def summarize(metrics_path, counts):
-        from pipelines.summary import retrieval_summary
-
-        return retrieval_summary(metrics_path, counts)
-
-    return run_job(TASK, args, models, slices, beam_args,
-                   {"k": list(config.ks), "relevance_level": config.relevance_level,
-                    "max_docs": config.max_docs_per_query, "complete": args.complete,
-                    "per_query": args.per_query},
-                   lambda name, source: check_source(name, source, slices), build, summarize,
-                   started, min_shards=MIN_SHARDS,
-                   outputs=("per_query.jsonl",) if args.per_query else (), known_formats=False)
-
-
-def main() -> None:
-    from pipelines.cli import quiet_logs
-
-    quiet_logs()
-    sys.exit(run())
+    return run_task(SPEC, argv)
 
 
 if __name__ == "__main__":
-    main()
+    main_of(SPEC)

@@ -3,36 +3,30 @@
     evalbeam segmentation --groundtruths PATH --predictions [NAME=]PATH ... --output DIR
         [--label_names MAP] [--ignore_id ID] [--max_image_pixels N] [--max_mask_bytes N]
         [--max_labels N] [options] [Beam pipeline options]
-    python -m pipelines.segmentation ...   (same flags)
+    python -m evalbeam.pipelines.segmentation ...   (same flags)
+
+The task's declaration (pipelines/task.py); the launcher (pipelines/launcher.py) does the rest.
+Reference: pipelines/segmentation.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 
-from pipelines.common import (EXIT_USAGE, UsageError, add_common_arguments, add_input_arguments,
-                              parse_models, parse_optional_number, parse_slices, run_job, say_error,
-                              split_beam_args)
-from schemas.formats import format_of
-from schemas.limits import MAX_IMAGE_PIXELS, MAX_LABELS, MAX_MASK_BYTES, MAX_RLE_PIXELS
+from evalbeam.pipelines.common import UsageError, parse_optional_number
+from evalbeam.pipelines.launcher import main_of, run_task
+from evalbeam.pipelines.task import TaskSpec
+from evalbeam.schemas.formats import format_of
+from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_LABELS, MAX_MASK_BYTES, MAX_RLE_PIXELS,
+                                     ImageLimits)
+from evalbeam.transforms.kernels.segmentation import SegmentationConfig
 
 TASK = "segmentation"
-RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
 # decoding masks is the work: enough shards for the workers to share it evenly
 MIN_SHARDS = 16
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"evalbeam {TASK}", allow_abbrev=False,
-        description="Evaluate semantic segmentation predictions of one or more models against "
-                    "ground truth (pixel confusion matrices). Options not listed here are passed "
-                    "to Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
-    add_input_arguments(parser, ".jsonl or .parquet rows with segments or label_map_uri")
-    add_common_arguments(parser)
+def add_arguments(parser) -> None:
     parser.add_argument("--label_names", default=None, metavar="MAP",
                         help="class id -> label name of label-map images: 'ID=NAME,ID=NAME,...', "
                              "'NAME,NAME,...' (ids 0, 1, ...), or a .json file ({\"ID\": NAME} or "
@@ -54,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_labels", type=int, default=MAX_LABELS, metavar="N",
                         help="most distinct labels in a run (default 2000): each (model, slice) "
                              "keeps a (labels + 1)^2 pixel matrix; more stop the run")
-    return parser
 
 
 def parse_label_names(text: str | None) -> dict[int, str] | None:
@@ -62,7 +55,7 @@ def parse_label_names(text: str | None) -> dict[int, str] | None:
     if text is None:
         return None
     if text.lower().endswith(".json"):
-        from transforms.io import open_input
+        from evalbeam.transforms.io import open_input
 
         try:
             with open_input(text) as stream:   # a regular file, never a FIFO or a device
@@ -100,13 +93,7 @@ def parse_label_names(text: str | None) -> dict[int, str] | None:
     return out
 
 
-def parse_args(argv: list[str]):
-    args, rest = build_parser().parse_known_args(argv)
-    beam_args = split_beam_args(rest)
-    if args.num_shards is not None and args.num_shards < 1:
-        raise UsageError("--num_shards must be 1 or more")
-    if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+def configure(args) -> SegmentationConfig:
     label_names = parse_label_names(args.label_names)
     ignore_id = parse_optional_number(args.ignore_id, "--ignore_id", int, 0, 65535)
     unlabeled_id = parse_optional_number(args.unlabeled_id, "--unlabeled_id", int, 0, 65535)
@@ -122,20 +109,15 @@ def parse_args(argv: list[str]):
     for flag, value in (("--max_mask_bytes", args.max_mask_bytes), ("--max_labels", args.max_labels)):
         if value < 1:
             raise UsageError(f"{flag} must be 1 or more; got {value}")
-    ids = {"ignore_id": ignore_id, "unlabeled_id": unlabeled_id}
-    return args, label_names, ids, parse_models(args.predictions), parse_slices(args.slice), beam_args
-
-
-def limits_of(args) -> dict:
-    return {"max_image_pixels": args.max_image_pixels, "max_mask_bytes": args.max_mask_bytes,
-            "max_labels": args.max_labels}
+    return SegmentationConfig(label_names, ignore_id, unlabeled_id,
+                              ImageLimits(args.max_image_pixels, args.max_mask_bytes), args.max_labels)
 
 
 def _first_row(path: str):
     """The first row of a JSONL or Parquet file (None if there is none or it is not usable JSON:
     too deep, too long or malformed lines are the readers' to reject, not a reason to stop)."""
-    from schemas.safe_json import loads_row
-    from transforms.io import head_lines, open_input
+    from evalbeam.schemas.safe_json import loads_row
+    from evalbeam.transforms.io import head_lines, open_input
 
     with open_input(path) as stream:
         if format_of(path) == "parquet":
@@ -148,8 +130,9 @@ def _first_row(path: str):
     return loads_row(lines[0])[0] if lines else None
 
 
-def check_source(name: str, source, label_names) -> None:
-    from transforms.io import InputError, preflight
+def check_source(name: str, source, config: SegmentationConfig, slices) -> None:
+    label_names = config.label_names
+    from evalbeam.transforms.io import InputError, preflight
 
     for path in source.files:
         if format_of(path) not in ("jsonl", "parquet") or path.lower().endswith(".json"):
@@ -165,68 +148,31 @@ def check_source(name: str, source, label_names) -> None:
                                  "--label_names 0=road,1=car or --label_names names.json.")
 
 
-def build_pipeline(pipeline, sources, models, slices, label_names, ids, limits, num_shards, folder,
-                   quiet, started, run_info, max_rejected_fraction):
-    """limits: {"max_image_pixels", "max_mask_bytes", "max_labels"} (parse_args)."""
-    import apache_beam as beam
-
-    from schemas.limits import ImageLimits
-    from transforms.classification import reject_sort_key
-    from transforms.io import WriteJsonl
-    from transforms.outputs import finalize_run
-    from transforms.segmentation import EvaluateSegmentationFiles
-
-    metrics, rejected, stats, problems = pipeline | "Segmentation" >> EvaluateSegmentationFiles(
-        sources, sorted(models), slices, label_names, ids["ignore_id"], num_shards, quiet, started,
-        ids["unlabeled_id"], ImageLimits(limits["max_image_pixels"], limits["max_mask_bytes"]),
-        limits["max_labels"])
-    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"), record_sort_key)
-    n_rejected = rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"), reject_sort_key)
-    _ = (stats
-         | "SumStats" >> beam.CombinePerKey(sum)
-         | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(finalize_run, beam.pvalue.AsSingleton(n_metrics),
-                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info, started,
-                                 max_rejected_fraction, problems=beam.pvalue.AsList(problems)))
+def options(config: SegmentationConfig, args) -> dict:
+    return {"label_names": {str(k): v for k, v in sorted((config.label_names or {}).items())},
+            "ignore_id": config.ignore_id, "unlabeled_id": config.unlabeled_id,
+            "max_image_pixels": config.limits.max_pixels, "max_mask_bytes": config.limits.max_mask_bytes,
+            "max_labels": config.max_labels}
 
 
-def record_sort_key(record: dict):
-    """model, slice, type, label."""
-    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
-            RECORD_ORDER.index(record["type"]), str(record["parameters"].get("label", "")))
+def summarize(metrics_path: str, info: dict, config: SegmentationConfig) -> str:
+    from evalbeam.pipelines.summary import segmentation_summary
+
+    return segmentation_summary(metrics_path, info["counts"])
+
+
+SPEC = TaskSpec(
+    name=TASK,
+    summary="evaluate semantic segmentation masks of one or more models against ground truth",
+    input_help=".jsonl or .parquet rows with segments or label_map_uri",
+    add_arguments=add_arguments, configure=configure, options=options,
+    check_source=check_source, transforms="evalbeam.transforms.segmentation",
+    summarize=summarize, min_shards=MIN_SHARDS)
 
 
 def run(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    started = time.time()
-    try:
-        args, label_names, ids, models, slices, beam_args = parse_args(argv)
-    except UsageError as error:
-        say_error(str(error))
-        return EXIT_USAGE
-
-    def build(pipeline, sources, num_shards, folder, run_info):
-        build_pipeline(pipeline, sources, models, slices, label_names, ids, limits_of(args),
-                       num_shards, folder, args.quiet, started, run_info, args.max_rejected_fraction)
-
-    def summarize(metrics_path, counts):
-        from pipelines.summary import segmentation_summary
-
-        return segmentation_summary(metrics_path, counts)
-
-    return run_job(TASK, args, models, slices, beam_args,
-                   {"label_names": {str(k): v for k, v in sorted((label_names or {}).items())},
-                    **ids, **limits_of(args)},
-                   lambda name, source: check_source(name, source, label_names), build, summarize,
-                   started, min_shards=MIN_SHARDS)
-
-
-def main() -> None:
-    from pipelines.cli import quiet_logs
-
-    quiet_logs()
-    sys.exit(run())
+    return run_task(SPEC, argv)
 
 
 if __name__ == "__main__":
-    main()
+    main_of(SPEC)

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.rows import POSITION, REASON, SLICE_PREFIX
-from transforms.kernels.hashing import fnv1a_64
+from evalbeam.schemas.rows import POSITION, REASON, SLICE_PREFIX
+from evalbeam.transforms.kernels.hashing import fnv1a_64
 
 
 @dataclass

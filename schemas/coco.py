@@ -8,7 +8,7 @@ when the first result has a bbox, else mask area) in transforms/detection.shard_
 
 from __future__ import annotations
 
-from schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
 
 
 def to_rle(segmentation, height: int, width: int):

@@ -30,10 +30,10 @@ try:
 except ImportError:   # an optional speed-up: json.loads gives the same values
     orjson = None
 
-from schemas.coco import rle_problem
-from schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
-from schemas.rows import canonical_json
-from schemas.safe_json import BOM, MAX_NESTING, lone_surrogate, slice_value_problem
+from evalbeam.schemas.coco import rle_problem
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
+from evalbeam.schemas.rows import canonical_json
+from evalbeam.schemas.safe_json import BOM, MAX_NESTING, lone_surrogate, slice_value_problem
 
 _FLOAT_MAX = sys.float_info.max
 MAX_COORDINATE = 1e150

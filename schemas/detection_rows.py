@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from schemas.coco import rle_problem
-from schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
-from schemas.limits import MAX_IMAGE_PIXELS
-from schemas.rows import canonical_json
-from schemas.safe_json import slice_value_problem
-from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.masks import Raster, geometry_area
+from evalbeam.schemas.coco import rle_problem
+from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.rows import canonical_json
+from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.transforms.kernels.masks import Raster, geometry_area
 
 _FLOAT_MAX = sys.float_info.max
 

@@ -29,9 +29,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from schemas.rows import (POSITION, REASON, check_row, label_text_problem, metadata_slice_columns,
+from evalbeam.schemas.rows import (POSITION, REASON, check_row, label_text_problem, metadata_slice_columns,
                           rows_to_table, score_problem)
-from schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, lone_surrogate, loads_row, surrogate_reason
+from evalbeam.schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, lone_surrogate, loads_row, surrogate_reason
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")

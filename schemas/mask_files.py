@@ -17,7 +17,7 @@ import io
 
 import numpy as np
 
-from schemas.limits import ImageLimits, file_size_problem, image_size_problem
+from evalbeam.schemas.limits import ImageLimits, file_size_problem, image_size_problem
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Pillow image modes of single-channel images (grey, bilevel, palette indices)
@@ -47,7 +47,7 @@ def read_array(uri: str, limits: ImageLimits = ImageLimits(), what: str = "mask_
 def _read_bounded(uri: str, max_bytes: int, what: str) -> bytes:
     """The whole file, read through open_input, or MaskFileError when it is not a regular file,
     cannot be opened, or holds more than max_bytes (one byte past the bound is read to tell)."""
-    from transforms.io import InputError, open_input
+    from evalbeam.transforms.io import InputError, open_input
 
     try:
         with open_input(uri) as stream:

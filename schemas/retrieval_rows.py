@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, loads_row
-from transforms.kernels.retrieval import iter_string_words, string_width
+from evalbeam.schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, loads_row
+from evalbeam.transforms.kernels.retrieval import iter_string_words, string_width
 
 FORMATS = ("trec", "jsonl")
 BLOCK_BYTES = 64 << 20

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.safe_json import slice_value_problem
+from evalbeam.schemas.safe_json import slice_value_problem
 
 POSITION = "__position"
 SLICE_PREFIX = "__slice__:"

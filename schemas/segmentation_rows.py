@@ -21,10 +21,10 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
-from schemas.coco import rle_problem
-from schemas.limits import MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem
-from schemas.rows import canonical_json
-from schemas.safe_json import slice_value_problem
+from evalbeam.schemas.coco import rle_problem
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem
+from evalbeam.schemas.rows import canonical_json
+from evalbeam.schemas.safe_json import slice_value_problem
 
 
 @dataclass

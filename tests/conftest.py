@@ -32,16 +32,16 @@ def read_jsonl(path) -> list[dict]:
 
 def run_classification(args: list[str]) -> int:
     """Run `evalbeam classification ARGS` in this process; returns the exit code."""
-    from pipelines.classification import run
+    from evalbeam.pipelines.classification import run
 
     return run([str(a) for a in args])
 
 
 def run_cli_subprocess(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `python -m pipelines.cli ARGS` in a fresh interpreter (to see stderr as a user does)."""
+    """Run `python -m evalbeam.pipelines.cli ARGS` in a fresh interpreter (to see stderr as a user does)."""
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(ROOT))
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "evalbeam.pipelines.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
 
 

@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics as skm
 
-from transforms.kernels.classification import (
+from evalbeam.transforms.kernels.classification import (
     DEFAULT_PR_THRESHOLDS,
     ClassificationConfig,
     key_metrics,
     match_key,
 )
-from transforms.kernels.examples import ExampleSet, first_k, record_layers
-from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
+from evalbeam.transforms.kernels.examples import ExampleSet, first_k, record_layers
+from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
 
 NONE = "__none__"
 TOL = 1e-12

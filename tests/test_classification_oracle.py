@@ -14,7 +14,7 @@ import pytest
 from conftest import MULTIPROCESS, read_jsonl, run_classification, write_jsonl
 from test_classification_kernel import assert_records, fnv1a_py, oracle_records
 
-from transforms.kernels.classification import (
+from evalbeam.transforms.kernels.classification import (
     DEFAULT_PR_THRESHOLDS,
     ClassificationConfig,
 )

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.common import local_pipeline
+from evalbeam.pipelines.common import local_pipeline
 from conftest import (MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess,
                       write_jsonl)
-from pipelines.synthetic import write_classification_dataset
+from evalbeam.pipelines.synthetic import write_classification_dataset
 
 
 def gt_row(uid, value, region="north", key="class"):
@@ -205,7 +205,7 @@ def test_failed_pipeline_leaves_no_metrics(tmp_path, dataset, monkeypatch):
     assert evaluate(dataset, str(out))[0] == 0
     assert (out / "metrics.jsonl").exists()
 
-    import transforms.classification as plumbing
+    import evalbeam.transforms.classification as plumbing
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
@@ -297,8 +297,8 @@ def test_demo_runs_end_to_end(tmp_path):
 def test_ptransform_matches_the_command_line(tmp_path, dataset):
     code, expected = evaluate(dataset, str(tmp_path / "cli"))
     assert code == 0
-    from transforms.classification import EvaluateClassification
-    from transforms.kernels.classification import ClassificationConfig
+    from evalbeam.transforms.classification import EvaluateClassification
+    from evalbeam.transforms.kernels.classification import ClassificationConfig
 
     config = ClassificationConfig(score_thresholds=(0.0, 0.5), max_examples=2)
     out = tmp_path / "ptransform.jsonl"

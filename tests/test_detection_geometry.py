@@ -12,9 +12,9 @@ import shapely
 from pycocotools import mask as mask_utils
 
 from conftest import read_jsonl, write_jsonl
-from schemas.coco import rle_problem, rle_runs
-from schemas.detection_rows import geometry_of
-from transforms.kernels.masks import Raster, as_polygon, geometry_area, pair_geometry_iou
+from evalbeam.schemas.coco import rle_problem, rle_runs
+from evalbeam.schemas.detection_rows import geometry_of
+from evalbeam.transforms.kernels.masks import Raster, as_polygon, geometry_area, pair_geometry_iou
 
 
 def raster(mask: np.ndarray) -> Raster:
@@ -132,7 +132,7 @@ def test_geometries_are_converted_for_the_iou_type():
 def test_native_rasters_give_the_numbers_of_the_same_coco_masks(tmp_path):
     """The same masks as a COCO instances/results pair (RLE segmentations, pycocotools' mask IoU)
     and as native raster rows, both under the valor protocol: identical records."""
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     rng = np.random.default_rng(11)
     h, w = 48, 64

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.common import local_pipeline
+from evalbeam.pipelines.common import local_pipeline
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
 
 
 def run_detection(*args) -> int:
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     return run([str(a) for a in args])
 
@@ -250,7 +250,7 @@ def test_evaluate_detection_ptransform_matches_the_cli(tmp_path):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from transforms.detection import EvaluateDetection, Protocol
+    from evalbeam.transforms.detection import EvaluateDetection, Protocol
 
     _, _, gt_rows, pred_rows = make_dataset(6)
     write_jsonl(tmp_path / "gt.jsonl", gt_rows)

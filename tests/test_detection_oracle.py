@@ -31,9 +31,9 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from schemas.coco_rows import box_rows, image_rows
-from transforms.detection import shard_state
-from transforms.kernels.detection import SUMMARY_NAMES, CocoState, accumulate, summarize
+from evalbeam.schemas.coco_rows import box_rows, image_rows
+from evalbeam.transforms.detection import shard_state
+from evalbeam.transforms.kernels.detection import SUMMARY_NAMES, CocoState, accumulate, summarize
 
 SEEDS = list(range(9))
 SPLITS = ["day", "night", "dusk"]

@@ -14,7 +14,7 @@ STAT_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
 
 
 def detection(tmp_path, gt, predictions: dict, *extra) -> tuple[int, list[dict]]:
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     out = tmp_path / "out"
     args = ["--groundtruths", gt, "--output", out, "--quiet", *extra]

@@ -14,9 +14,9 @@ from pycocotools.cocoeval import COCOeval
 
 from conftest import read_jsonl
 from test_detection_oracle import _quiet, coco_from, first_has_bbox, make_case
-from schemas.coco_rows import box_rows, image_rows
-from transforms.detection import Protocol, shard_state
-from transforms.kernels.detection import accumulate, valor_metrics
+from evalbeam.schemas.coco_rows import box_rows, image_rows
+from evalbeam.transforms.detection import Protocol, shard_state
+from evalbeam.transforms.kernels.detection import accumulate, valor_metrics
 
 VALOR = Protocol("valor")
 IOUS = np.array(VALOR.iou_thresholds)
@@ -110,7 +110,7 @@ def test_hand_computed_case():
 
 
 def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     base = shared_reference / "detection" / "coco_val2014_100"
     out = tmp_path / "out"
@@ -160,7 +160,7 @@ def test_detailed_curve_by_hand_and_against_the_pr_curve(tmp_path):
     0.8 (overlaps nothing: a hallucination) and 0.7 (takes gt B at IoU 0.6); the "ghost" detection
     0.6 lies on gt A (another label): a misclassification, and gt A's misclassification once its
     own detection falls below the threshold while the ghost still counts."""
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     dataset = {"images": [{"id": 1, "height": 100, "width": 100}],
                "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "ghost"}],

@@ -20,7 +20,7 @@ SCORES = [0.0, 0.25, 0.5, 0.8]
 
 
 def run_detection(*args) -> int:
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     return run([str(a) for a in args])
 
@@ -174,7 +174,7 @@ def test_confusion_matrix_by_hand(tmp_path):
 
 def test_one_to_one_rule():
     """Score first, then IoU, then ground-truth and prediction positions; labels ignored."""
-    from transforms.kernels.detection_confusion import one_to_one
+    from evalbeam.transforms.kernels.detection_confusion import one_to_one
 
     score = np.array([0.9, 0.9, 0.5])
     # pairs: (d0,g0,.6) (d0,g1,.7) (d1,g0,.8) (d2,g1,.9) (d1,g1,1e-12: never)

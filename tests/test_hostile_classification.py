@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
-from schemas.classification import validate
-from schemas.formats import (SkippedLine, deep_lines, dict_rows_table, jsonl_blocks,
+from evalbeam.schemas.classification import validate
+from evalbeam.schemas.formats import (SkippedLine, deep_lines, dict_rows_table, jsonl_blocks,
                              parquet_tables, parse_jsonl_block)
-from schemas.rows import CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, REASON, check_row
-from schemas.safe_json import nesting_depth
+from evalbeam.schemas.rows import CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, REASON, check_row
+from evalbeam.schemas.safe_json import nesting_depth
 
 GT, PRED = CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION
 DEEP = 100_000
@@ -50,7 +50,7 @@ def deep_line(n=DEEP, where="metadata"):
 
 def no_slow_path(monkeypatch):
     """Make the slow JSONL path fail, to prove a block was read by Arrow."""
-    import schemas.formats as formats
+    import evalbeam.schemas.formats as formats
 
     def refuse(*args, **kwargs):
         raise AssertionError("the block went to the slow path")
@@ -180,8 +180,8 @@ def test_a_line_nested_100000_deep_is_a_rejected_row_not_a_crash(slice_keys):
     raises RecursionError: run in a subprocess so a crash fails the test instead of pytest."""
     program = f"""
 import json
-from schemas.formats import parse_jsonl_block
-from schemas.rows import CLASSIFICATION_GROUNDTRUTH
+from evalbeam.schemas.formats import parse_jsonl_block
+from evalbeam.schemas.rows import CLASSIFICATION_GROUNDTRUTH
 good = [json.dumps({{"datum_uid": f"g{{i}}", "metadata": {{"region": "a"}},
                      "labels": [{{"key": "class", "value": "cat"}}]}}) for i in range(3)]
 n = {DEEP}
@@ -270,8 +270,8 @@ def test_non_finite_slice_values_are_rejected_on_every_reader(monkeypatch, tmp_p
 # ----------------------------------------------------------------------------- item 5: resource limits
 
 def test_memory_model_and_bounds():
-    from transforms.classification import VocabularyCombineFn
-    from transforms.kernels.classification import (STATE_BUDGET_BYTES, ClassificationConfig,
+    from evalbeam.transforms.classification import VocabularyCombineFn
+    from evalbeam.transforms.kernels.classification import (STATE_BUDGET_BYTES, ClassificationConfig,
                                                    METRIC_TYPES)
 
     config = ClassificationConfig()
@@ -391,8 +391,8 @@ def test_integer_labels_and_hostile_rows_end_to_end(tmp_path):
 def test_summary_macro_means_equal_sklearn_default_label_set(tmp_path):
     from sklearn.metrics import precision_recall_fscore_support
 
-    from pipelines.summary import classification_summary
-    from transforms.kernels.classification import ClassificationConfig
+    from evalbeam.pipelines.summary import classification_summary
+    from evalbeam.transforms.kernels.classification import ClassificationConfig
 
     truth, models = make_rows(seed=4, n=150)
     write_jsonl(tmp_path / "gt.jsonl", as_text(truth))
@@ -469,8 +469,8 @@ def test_true_negatives_differ_from_valor_lite_as_documented():
     from sklearn.metrics import multilabel_confusion_matrix
     from valor_lite.classification import Classification, Loader
 
-    from transforms.kernels.classification import ClassificationConfig, key_metrics, match_key
-    from transforms.kernels.hashing import fnv1a_64
+    from evalbeam.transforms.kernels.classification import ClassificationConfig, key_metrics, match_key
+    from evalbeam.transforms.kernels.hashing import fnv1a_64
 
     data = [("d1", "cat", {"cat": 0.7, "dog": 0.3}),
             ("d2", "dog", {"dog": 0.6, "bird": 0.4}),
@@ -519,9 +519,9 @@ def test_detection_rows_given_to_classification_name_the_right_command(tmp_path,
 def test_ptransform_reads_integer_labels_and_refuses_a_vocabulary_beyond_its_bound(tmp_path):
     import apache_beam as beam
 
-    from pipelines.common import local_pipeline
-    from transforms.classification import EvaluateClassification
-    from transforms.kernels.classification import ClassificationConfig
+    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.transforms.classification import EvaluateClassification
+    from evalbeam.transforms.kernels.classification import ClassificationConfig
 
     truth, models = make_rows(seed=2, n=30)
     numpy_ints = [{**r, "labels": [{**label, "value": np.int64(label["value"])} for label in r["labels"]]}

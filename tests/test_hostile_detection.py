@@ -17,7 +17,7 @@ from conftest import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
 
 
 def run_detection(*args) -> int:
-    from pipelines.detection import run
+    from evalbeam.pipelines.detection import run
 
     return run([str(a) for a in args])
 
@@ -38,10 +38,10 @@ def test_overflowing_geometries_are_rejected_and_large_finite_ones_are_exact():
     """1e300 boxes or polygons: their area overflows float64 (inf, and IoU inf/inf = nan: an
     identical pair scored AP 0, with RuntimeWarnings). They are rejected, naming the annotation;
     geometry at 1e100 is still evaluated, with the exact IoU."""
-    from schemas.coco_rows import box_rows
-    from schemas.detection_rows import native_rows
-    from transforms.kernels.detection import pair_box_iou
-    from transforms.kernels.masks import pair_polygon_iou
+    from evalbeam.schemas.coco_rows import box_rows
+    from evalbeam.schemas.detection_rows import native_rows
+    from evalbeam.transforms.kernels.detection import pair_box_iou
+    from evalbeam.transforms.kernels.masks import pair_polygon_iou
 
     good = {"label": "cat", "bbox": [0, 0, 1e100, 1e100]}
     rows = [{"datum_uid": "huge", "annotations": [good, {"label": "cat", "bbox": [1e300, 1e300, 3e300, 3e300]}]},
@@ -239,7 +239,7 @@ def test_deep_truncated_gz_and_misnamed_coco_files_are_input_errors(tmp_path, ca
 def test_coco_document_rules():
     """The whole-document reader: depth counted outside strings (escapes included), limit
     exact, byte order mark skipped, cut documents, JSON lines and lone surrogates named."""
-    from schemas.coco_rows import MAX_DOCUMENT_NESTING, coco_document, document_depth
+    from evalbeam.schemas.coco_rows import MAX_DOCUMENT_NESTING, coco_document, document_depth
 
     assert document_depth(b'{"a": "[[[{{", "b": [[1]], "c": "\\\\", "d": "\\"]]]"}') == 3
     limit = MAX_DOCUMENT_NESTING
@@ -341,8 +341,8 @@ def test_truncated_native_gz_is_an_input_error(tmp_path, capsys):
 
 def test_summary_shows_the_twelve_coco_statistics(tmp_path):
     """All 12 statistics (9 were shown), "-" for the undefined -1, lines that fit a terminal."""
-    from pipelines.summary import detection_summary
-    from transforms.kernels.detection import SUMMARY_NAMES
+    from evalbeam.pipelines.summary import detection_summary
+    from evalbeam.transforms.kernels.detection import SUMMARY_NAMES
 
     values = dict(zip(SUMMARY_NAMES, [0.1234, 0.2345, 0.3456, 0.4567, -1.0, 0.5678,
                                       0.6789, 0.7891, 0.8912, 0.9123, -1.0, 0.0321]))
@@ -463,10 +463,11 @@ def test_mask_size_bound_and_its_option(tmp_path):
     """A 130-byte raster claiming 50,000 x 50,000 pixels is rejected before anything is decoded,
     naming --max_image_pixels, which detection now has (and passes to native rows and COCO
     files alike)."""
-    from pipelines.common import UsageError
-    from pipelines.detection import parse_args
-    from schemas.coco_rows import box_rows
-    from schemas.detection_rows import native_rows
+    from evalbeam.pipelines.common import UsageError
+    from evalbeam.pipelines.detection import SPEC
+    from evalbeam.pipelines.launcher import parse_command
+    from evalbeam.schemas.coco_rows import box_rows
+    from evalbeam.schemas.detection_rows import native_rows
 
     claim = {"size": [50000, 50000], "counts": [2_500_000_000]}
     rows = [{"datum_uid": "a", "annotations": [{"label": "cat", "raster": claim}]}]
@@ -481,7 +482,7 @@ def test_mask_size_bound_and_its_option(tmp_path):
     assert "exceeds the limit of 100,000,000" in bad[0][1]
 
     common = ["--groundtruths", "gt.json", "--predictions", "m.json", "--output", "out"]
-    args = parse_args(common + ["--max_image_pixels", "169000000"])[0]
+    args = parse_command(SPEC, common + ["--max_image_pixels", "169000000"])[0]
     assert args.max_image_pixels == 169_000_000
     with pytest.raises(UsageError, match="--max_image_pixels must lie in"):
-        parse_args(common + ["--max_image_pixels", "0"])
+        parse_command(SPEC, common + ["--max_image_pixels", "0"])

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import schemas.retrieval_rows as retrieval_rows
+import evalbeam.schemas.retrieval_rows as retrieval_rows
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
-from schemas.retrieval_rows import read_qrels, read_run
+from evalbeam.schemas.retrieval_rows import read_qrels, read_run
 
 
 def run_retrieval(*args) -> int:
-    from pipelines.retrieval import run
+    from evalbeam.pipelines.retrieval import run
 
     return run([str(a) for a in args])
 
@@ -336,7 +336,7 @@ def test_run_without_judged_queries_is_incomplete(tmp_path, capsys):
 
 
 def test_coverage_problems_rules():
-    from transforms.retrieval import QueryCoverage, coverage_problems
+    from evalbeam.transforms.retrieval import QueryCoverage, coverage_problems
 
     def codes(coverage, complete=False):
         return [(p["severity"], p["code"]) for p in coverage_problems(coverage, complete)]
@@ -365,8 +365,8 @@ def test_a_file_of_another_task_names_its_command(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.retrieval import check_source
-    from transforms.io import InputError, Source
+    from evalbeam.pipelines.retrieval import check_source
+    from evalbeam.transforms.io import InputError, Source
 
     write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "labels": {"digit": "1"}}])
     write_jsonl(tmp_path / "det.jsonl", [{"datum_uid": "a", "annotations": []}])
@@ -377,7 +377,7 @@ def test_a_file_of_another_task_names_its_command(tmp_path, capsys):
 
     def message(name, path):
         with pytest.raises(InputError) as error:
-            check_source(name, Source(name, str(path), (str(path),)))
+            check_source(name, Source(name, str(path), (str(path),)), None, ())
         return str(error.value)
 
     assert message("groundtruths", tmp_path / "gt.jsonl").endswith(
@@ -387,7 +387,7 @@ def test_a_file_of_another_task_names_its_command(tmp_path, capsys):
     assert "evaluate it with 'evalbeam detection'" in message("m", tmp_path / "det.parquet")
     assert "is a Parquet file; evalbeam retrieval reads TREC" in message("m", tmp_path / "other.parquet")
     assert "holds JSON rows, but only names ending in .jsonl" in message("m", tmp_path / "run.txt")
-    check_source("m", Source("m", str(tmp_path / "run"), (str(tmp_path / "run"),)))   # a TREC run passes
+    check_source("m", Source("m", str(tmp_path / "run"), (str(tmp_path / "run"),)), None, ())   # a TREC run passes
     assert run_retrieval("--groundtruths", tmp_path / "gt.jsonl", "--predictions", f"m={tmp_path / 'run'}",
                          "--output", tmp_path / "out", "--quiet") == 2
     assert "evaluate it with 'evalbeam classification'" in capsys.readouterr().err

@@ -31,7 +31,7 @@ HUGE = 1_000_000           # a claimed side: 10^12 pixels, far beyond any memory
 
 
 def run_segmentation(*args) -> int:
-    from pipelines.segmentation import run
+    from evalbeam.pipelines.segmentation import run
 
     return run([str(a) for a in args])
 
@@ -44,7 +44,7 @@ def run_bounded(args: list, timeout: float = 180) -> subprocess.CompletedProcess
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "evalbeam.pipelines.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=str(ROOT), preexec_fn=limit_memory)
 
 
@@ -223,8 +223,8 @@ def test_the_pixel_and_byte_bounds_follow_their_options(tmp_path):
 def test_rle_sizes_are_bounded_for_detection_and_coco_too():
     """schemas.coco.rle_problem bounds the size an RLE claims before its runs are parsed, so the
     detection rasters and COCO segmentations that it checks are covered as well."""
-    from schemas.coco import rle_problem
-    from schemas.detection_rows import raster_of
+    from evalbeam.schemas.coco import rle_problem
+    from evalbeam.schemas.detection_rows import raster_of
 
     huge = {"size": [HUGE, 50_000], "counts": [HUGE * 50_000]}       # an RLE list, as COCO writes crowds
     assert rle_problem(huge) == ("RLE of 1000000 x 50000 = 50,000,000,000 pixels exceeds the limit of "
@@ -246,8 +246,8 @@ def test_png_above_pillows_own_bound_opens_when_the_limit_allows(tmp_path):
     """Pillow refuses images over 178,956,970 pixels by itself (a "decompression bomb"); with
     --max_image_pixels raised, evalbeam's bound is the one that holds. A 1-bit PNG of 13,500 x
     13,500 (182 megapixels, 23 MB of pixel rows, a few hundred kB on disk) keeps this fast."""
-    from schemas.limits import ImageLimits
-    from schemas.mask_files import MaskFileError, read_array
+    from evalbeam.schemas.limits import ImageLimits
+    from evalbeam.schemas.mask_files import MaskFileError, read_array
 
     side = 13_500
     row = b"\0" + b"\xff" * (side // 8) + b"\xf0"         # filter byte, 13,500 set bits

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from conftest import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
-from pipelines.judge_server import StandInServer
+from evalbeam.pipelines.judge_server import StandInServer
 
 KEY = "sk-evalbeam-hostile-SECRET-42"
 DEEP = "[" * 2000 + "]" * 2000
@@ -23,7 +23,7 @@ LONE = "hi \\ud800 there"            # a JSON escape of a lone surrogate, as it 
 
 
 def run_text(*args) -> int:
-    from pipelines.text import run
+    from evalbeam.pipelines.text import run
 
     return run([str(a) for a in args])
 
@@ -101,10 +101,10 @@ def test_rows_of_a_users_pipeline_with_lone_surrogates_or_nan_slices_are_rejecte
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
-    from pipelines.common import local_pipeline
-    from transforms.io import TAG_REJECTED
-    from transforms.kernels.text_scores import TextConfig
-    from transforms.text import EvaluateText, TextRowsFromDicts
+    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.transforms.io import TAG_REJECTED
+    from evalbeam.transforms.kernels.text_scores import TextConfig
+    from evalbeam.transforms.text import EvaluateText, TextRowsFromDicts
 
     config = TextConfig(metrics=frozenset({"ROUGE", "PIILeakage"}))
     reader = TextRowsFromDicts([], 4, config)
@@ -200,7 +200,7 @@ def text_data(tmp_path):
 
 def test_judge_endpoint_and_key_are_checked_before_anything_is_written(tmp_path, text_data, monkeypatch,
                                                                         capsys):
-    import pipelines.judge_options as judge_options
+    import evalbeam.pipelines.judge_options as judge_options
 
     gt, preds = text_data
     monkeypatch.setenv("EVALBEAM_HOSTILE_KEY", KEY)
@@ -259,7 +259,7 @@ def test_failed_judge_calls_make_the_run_incomplete_unless_within_the_limit(tmp_
 
 
 def test_judge_problems_count_failures_per_metric_over_the_datums_asked():
-    from pipelines.judge_options import judge_problems
+    from evalbeam.transforms.judge.report import judge_problems
 
     def record(kind, model, counts, **parameters):
         return {"type": kind, "model": model, "slice": {}, "parameters": parameters, "counts": counts}

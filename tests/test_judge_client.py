@@ -17,10 +17,10 @@ import time
 import pytest
 from aiohttp import web
 
-from pipelines.judge_server import busiest_window
-from transforms.judge import requests as rq
-from transforms.judge.client import JudgeClient, extract_json_object, parse_retry_after
-from transforms.judge.limits import RateLimiter, TokenBucket, estimate_tokens, parse_reset_duration
+from evalbeam.pipelines.judge_server import busiest_window
+from evalbeam.transforms.judge import requests as rq
+from evalbeam.transforms.judge.client import JudgeClient, extract_json_object, parse_retry_after
+from evalbeam.transforms.judge.limits import RateLimiter, TokenBucket, estimate_tokens, parse_reset_duration
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 SCHEMA = {"type": "object", "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}},
@@ -282,7 +282,7 @@ def test_deadline_holds_for_retries_queued_behind_other_calls():
     retry that waits for the slot must still end at its call's deadline (before, it waited for
     the slot whatever the deadline said and overran it by up to --judge_timeout: 365 s against
     300 s; here by 1.5 s against 1.5 s)."""
-    from pipelines.judge_server import StandInServer
+    from evalbeam.pipelines.judge_server import StandInServer
 
     ends = []   # seconds past its deadline at which each call ended
 
@@ -411,7 +411,7 @@ def test_logprobs_rejected_once_then_never_asked_again(server):
 
 
 def test_embeddings_and_logprobs_from_the_stand_in_server():
-    from pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
+    from evalbeam.pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
 
     async def go(url):
         async with JudgeClient(url, KEY, rpm=6000) as client:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
+from evalbeam.transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
 
 
 def record(h: str, status: str = "ok", **extra) -> dict:

@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
-from transforms.judge.metrics import (PROGRAMS, Datum, JudgeMetricConfig, byop_program, score_metric)
-from transforms.judge.session import JudgeSession
-from transforms.judge.templates import load_byop, load_template, template_names
-from transforms.judge.transform import JudgeSettings
-from transforms.kernels import judge_scores as ks
+from evalbeam.pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
+from evalbeam.transforms.judge.metrics import (PROGRAMS, Datum, JudgeMetricConfig, byop_program, score_metric)
+from evalbeam.transforms.judge.session import JudgeSession
+from evalbeam.transforms.judge.templates import load_byop, load_template, template_names
+from evalbeam.transforms.judge.transform import JudgeSettings
+from evalbeam.transforms.kernels import judge_scores as ks
 
 
 def template_of(body: dict) -> str:

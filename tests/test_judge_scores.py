@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from transforms.kernels import judge_scores as ks
+from evalbeam.transforms.kernels import judge_scores as ks
 
 
 def lp(p: float) -> float:

@@ -14,7 +14,7 @@ import urllib.request
 import jsonschema
 import pytest
 
-from pipelines.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser, busiest_window,
+from evalbeam.pipelines.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser, busiest_window,
                                     count_tokens, state_from_args)
 
 CONTEXT = "Paris is the capital of France. The Eiffel Tower stands in Paris."
@@ -419,7 +419,7 @@ def test_busiest_window_counts_arrivals_in_half_open_windows():
 
 
 def test_contradiction_rule_a_different_name_or_number_in_the_same_statement():
-    from pipelines.judge_server import contradiction
+    from evalbeam.pipelines.judge_server import contradiction
 
     paris = ["The Eiffel Tower is in Paris.", "It was completed in 1889.", "Gustave Eiffel's company built it."]
     assert contradiction("The Eiffel Tower is in Rome.", paris) == ("Rome", "Paris")

@@ -8,7 +8,7 @@ import os
 import jsonschema
 import pytest
 
-from transforms.judge.templates import (Template, TemplateError, load_byop, load_template, load_template_file,
+from evalbeam.transforms.judge.templates import (Template, TemplateError, load_byop, load_template, load_template_file,
                                         render_messages, request_schema, template_names)
 
 # name -> (inputs, answer, top-level properties in order, verdict options or numbers); callers depend on these
@@ -178,7 +178,7 @@ def test_templates_hash_and_compare():
 
 
 def _bundled_path(name):
-    from transforms.judge import templates
+    from evalbeam.transforms.judge import templates
 
     return templates.TEMPLATE_DIR / f"{name}.toml"
 

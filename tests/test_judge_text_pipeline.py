@@ -9,15 +9,15 @@ import os
 import pytest
 
 from conftest import MULTIPROCESS, read_jsonl
-from pipelines.judge_server import StandInServer
-from pipelines.synthetic_rag import write_rag_dataset
+from evalbeam.pipelines.judge_server import StandInServer
+from evalbeam.pipelines.synthetic_rag import write_rag_dataset
 
 KEY = "sk-evalbeam-test-SECRET-0123456789"
 TRANSIENT = ("429", "500", "503", "reset")
 
 
 def run_text(*args) -> int:
-    from pipelines.text import run
+    from evalbeam.pipelines.text import run
 
     return run([str(a) for a in args])
 
@@ -42,7 +42,7 @@ def outputs(folder):
 
 
 def test_every_metric_on_500_datums_with_faults_equals_the_fault_free_run(tmp_path, key_env):
-    from transforms.judge.metrics import JUDGE_METRICS
+    from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 
     data = write_rag_dataset(str(tmp_path / "data"), 500, seed=3, models=("alpha",))
     base = ["--groundtruths", data["groundtruths"], "--predictions", f"alpha={data['alpha']}",
@@ -177,7 +177,7 @@ def test_convention_options_are_checked(tmp_path, capsys, option, text, message)
 
 
 def test_optional_numbers():
-    from pipelines.common import UsageError, parse_optional_number
+    from evalbeam.pipelines.common import UsageError, parse_optional_number
 
     assert parse_optional_number("none", "--x", float, 0.0, 1.0) is None
     assert parse_optional_number("NaN", "--x", float, 0.0, 1.0) is None

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from conftest import MULTIPROCESS
-from pipelines.common import local_pipeline
-from pipelines.judge_server import StandInServer, busiest_window
-from transforms.judge.requests import JudgeRequest, request_hash
-from transforms.judge.transform import JudgeCalls, JudgeSettings
+from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.judge_server import StandInServer, busiest_window
+from evalbeam.transforms.judge.requests import JudgeRequest, request_hash
+from evalbeam.transforms.judge.transform import JudgeCalls, JudgeSettings
 
 KEY = "sk-test-" + "Zq9" * 10
 SCHEMA = {"type": "object", "properties": {"verdict": {"type": "integer", "enum": [0, 1]},
@@ -39,7 +39,7 @@ def run_calls(reqs, settings, journal, extra=()):
 
     import apache_beam as beam
 
-    from transforms.io import write_jsonl
+    from evalbeam.transforms.io import write_jsonl
 
     out_path = os.path.join(tempfile.mkdtemp(), "results.jsonl")
     with local_pipeline(list(extra)) as p:
@@ -97,7 +97,7 @@ def run_with_stats(reqs, settings, journal):
 
     import apache_beam as beam
 
-    from transforms.io import write_json, write_jsonl
+    from evalbeam.transforms.io import write_json, write_jsonl
 
     folder = tempfile.mkdtemp()
     with local_pipeline() as p:
@@ -158,7 +158,7 @@ def test_a_killed_run_restarted_sends_only_what_the_journal_lacks(tmp_path, key_
     import sys
     import time
 
-    from transforms.judge.journal import read_journal
+    from evalbeam.transforms.judge.journal import read_journal
 
     n = 400
     journal = str(tmp_path / "journal")
@@ -193,7 +193,7 @@ def test_a_killed_run_restarted_sends_only_what_the_journal_lacks(tmp_path, key_
 
 
 def test_merge_counters_sums_counts_and_keeps_the_extreme_times():
-    from transforms.judge.session import merge_counters
+    from evalbeam.transforms.judge.session import merge_counters
 
     parts = [{"sent": 3, "cost": 0.5, "min:first_send": 100.0, "max:last_done": 180.0},
              {"sent": 2, "status:ok": 2, "min:first_send": 90.0, "max:last_done": 150.0},

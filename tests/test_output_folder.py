@@ -104,7 +104,7 @@ def test_stale_outputs_and_killed_runs_temp_folders_are_removed(tmp_path):
     qrels.write_text("q1 0 a 1\nq1 0 b 0\nq2 0 c 1\n")
     run_file = tmp_path / "run.txt"
     run_file.write_text("q1 Q0 a 1 0.9 r\nq1 Q0 b 2 0.5 r\nq2 Q0 c 1 0.7 r\n")
-    from pipelines.retrieval import run as retrieval
+    from evalbeam.pipelines.retrieval import run as retrieval
 
     out = tmp_path / "out"
     args = ["--groundtruths", qrels, "--predictions", f"r={run_file}", "--output", out, "--quiet"]
@@ -170,7 +170,7 @@ def test_a_kill_at_any_step_of_publishing_never_looks_complete(tmp_path, monkeyp
     accepts the folder as evalbeam's own."""
     from apache_beam.io.filesystems import FileSystems
 
-    import transforms.outputs as outputs
+    import evalbeam.transforms.outputs as outputs
 
     data = small_dataset(tmp_path)
     out = tmp_path / "out"
@@ -217,7 +217,7 @@ def test_a_killed_process_leaves_an_unfinished_or_complete_folder(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for delay in (1.5, 3.0):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "classification", "--groundtruths",
+            [sys.executable, "-m", "evalbeam.pipelines.cli", "classification", "--groundtruths",
              data["groundtruths"], "--predictions", f"m={data['m']}", "--output", str(out),
              "--quiet"], env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)

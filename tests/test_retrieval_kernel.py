@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import schemas.retrieval_rows as rows
-from schemas.retrieval_rows import read_qrels, read_run
-from transforms.kernels.retrieval import (
+import evalbeam.schemas.retrieval_rows as rows
+from evalbeam.schemas.retrieval_rows import read_qrels, read_run
+from evalbeam.transforms.kernels.retrieval import (
     RetrievalConfig,
     aggregate,
     encode_ids,

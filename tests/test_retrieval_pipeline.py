@@ -10,7 +10,7 @@ import pytest
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
 
 def run_retrieval(*args) -> int:
-    from pipelines.retrieval import run
+    from evalbeam.pipelines.retrieval import run
 
     return run([str(a) for a in args])
 

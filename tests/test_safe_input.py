@@ -13,9 +13,9 @@ import zlib
 
 import pytest
 
-from schemas.safe_json import (iter_lines, loads_row, lone_surrogate, nesting_depth,
+from evalbeam.schemas.safe_json import (iter_lines, loads_row, lone_surrogate, nesting_depth,
                                slice_value_problem, too_deep)
-from transforms.io import ReadError, open_input
+from evalbeam.transforms.io import ReadError, open_input
 
 
 def naive_depth(value) -> int:
@@ -108,7 +108,7 @@ def test_parquet_rows_with_invalid_utf8_are_rejected_alone(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from transforms.io import parse_rows
+    from evalbeam.transforms.io import parse_rows
 
     text = pa.array([b"good", b"\xed\xa0\x80 bad", b"fine"], pa.binary()).view(pa.string())
     pq.write_table(pa.table({"datum_uid": ["a", "b", "c"], "response": text}), tmp_path / "t.parquet")

@@ -12,16 +12,16 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from sklearn.metrics import confusion_matrix
 
-from pipelines.common import local_pipeline
+from evalbeam.pipelines.common import local_pipeline
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
-from transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
+from evalbeam.transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
                                              segmentation_metrics)
 
 LABELS = ["building", "car", "road", "sky", "tree"]
 
 
 def run_segmentation(*args) -> int:
-    from pipelines.segmentation import run
+    from evalbeam.pipelines.segmentation import run
 
     return run([str(a) for a in args])
 
@@ -59,7 +59,7 @@ def test_pixel_confusion_equals_sklearn(seed, dtype):
 def test_pair_counts_in_chunks_equal_all_at_once(dtypes):
     """Large images are counted a chunk at a time (bounded memory): the same pairs and counts,
     with chunk boundaries inside rows and a last chunk shorter than the others."""
-    from transforms.kernels.segmentation import pair_counts
+    from evalbeam.transforms.kernels.segmentation import pair_counts
 
     rng = np.random.default_rng(7)
     g = rng.integers(0, 6, (37, 41)).astype(dtypes[0])
@@ -407,7 +407,7 @@ def test_ptransform_in_a_users_pipeline(tmp_path):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from transforms.segmentation import EvaluateSegmentation
+    from evalbeam.transforms.segmentation import EvaluateSegmentation
 
     maps = random_maps(4, n=6)
     folder = write_inputs(tmp_path / "in", maps, "rle")
@@ -434,8 +434,8 @@ def test_ptransform_in_a_users_pipeline(tmp_path):
 def test_rle_round_trips_through_decode():
     """Masks encoded by pycocotools (compressed strings and run-length lists) decode to the same
     pixels through the segment path, and label_ids numbers them in segment order."""
-    from schemas.segmentation_rows import SegmentRow
-    from transforms.segmentation import decode
+    from evalbeam.schemas.segmentation_rows import SegmentRow
+    from evalbeam.transforms.segmentation import decode
 
     rng = np.random.default_rng(5)
     for h, w in ((1, 1), (7, 3), (31, 64), (64, 31)):

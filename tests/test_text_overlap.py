@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from transforms.kernels.text_overlap import (ROUGE_TYPES, corpus_bleu, corpus_bleu_stats, lcs_length,
+from evalbeam.transforms.kernels.text_overlap import (ROUGE_TYPES, corpus_bleu, corpus_bleu_stats, lcs_length,
                                              rouge, sentence_bleu, valor_tokens)
 
 WORDS = ["the", "a", "of", "cat", "cats", "running", "runs", "ran", "dog", "über", "naïve", "café",
@@ -126,7 +126,7 @@ def test_corpus_bleu_degenerate():
 def test_exact_sum_is_independent_of_order_and_merging():
     import math
 
-    from transforms.kernels.exact_sum import ExactSum
+    from evalbeam.transforms.kernels.exact_sum import ExactSum
 
     rng = random.Random(4)
     values = [rng.random() * 10 ** rng.randint(-8, 8) * rng.choice([1, -1]) for _ in range(2000)]
@@ -146,7 +146,7 @@ def test_exact_sum_is_independent_of_order_and_merging():
 def test_exact_totals_equal_fsum_in_any_split():
     import math
 
-    from transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
+    from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
 
     rng = np.random.default_rng(3)
     values = rng.random(10_000) * 10.0 ** rng.integers(-12, 12, 10_000) * rng.choice([-1, 1], 10_000)

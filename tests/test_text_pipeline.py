@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from conftest import MULTIPROCESS, read_jsonl, write_jsonl
-from pipelines.common import local_pipeline
+from evalbeam.pipelines.common import local_pipeline
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "café", "naïve", "東京",
          "revenue", "was", "15,969", "million", "$100", "3.14", "don't"]
 
 
 def run_text(*args) -> int:
-    from pipelines.text import run
+    from evalbeam.pipelines.text import run
 
     return run([str(a) for a in args])
 
@@ -46,7 +46,7 @@ def expected_means(gt, predictions, topic=None):
     from nltk.translate import bleu_score
     from rouge_score.rouge_scorer import RougeScorer
 
-    from transforms.kernels.text_overlap import valor_tokens
+    from evalbeam.transforms.kernels.text_overlap import valor_tokens
 
     scorer = RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"])
     by_uid = {r["datum_uid"]: r["response"] for r in predictions}
@@ -165,8 +165,8 @@ def test_ptransform_in_a_users_pipeline():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from transforms.kernels.text_scores import TextConfig
-    from transforms.text import EvaluateText
+    from evalbeam.transforms.kernels.text_scores import TextConfig
+    from evalbeam.transforms.text import EvaluateText
 
     gt, predictions = make_rows(3, 20)
     rouge, bleu, _ = expected_means(gt, predictions["good"])

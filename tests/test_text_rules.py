@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from transforms.kernels.conditions import Condition, ConditionError, parse_condition
+from evalbeam.transforms.kernels.conditions import Condition, ConditionError, parse_condition
 
 
 def matches(condition: str, text: str) -> bool:

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from transforms.kernels.leakage import (card_issuer, decoded_texts, find_api_keys,
+from evalbeam.transforms.kernels.leakage import (card_issuer, decoded_texts, find_api_keys,
                                         find_credit_cards, find_emails, find_encoded,
                                         find_pem_blocks, find_phones, find_pii,
                                         find_sensitive_data, find_ssns, find_url_passwords,

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from transforms.kernels.looping import (THRESHOLDS, compression_ratio, longest_repeated_substring,
+from evalbeam.transforms.kernels.looping import (THRESHOLDS, compression_ratio, longest_repeated_substring,
                                         looping_metrics, looping_verdict, lrs_ratio,
                                         split_sentences, unique_sentences)
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from transforms.kernels.conditions import parse_condition
-from transforms.kernels.rule_outcomes import (RATE_NAMES, Outcome, RuleCounts, encoding_guardrail,
+from evalbeam.transforms.kernels.conditions import parse_condition
+from evalbeam.transforms.kernels.rule_outcomes import (RATE_NAMES, Outcome, RuleCounts, encoding_guardrail,
                                               looping, pii_leakage, sensitive_data_leakage,
                                               text_matching)
 

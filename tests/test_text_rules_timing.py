@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from transforms.kernels.conditions import parse_condition
-from transforms.kernels.leakage import find_encoded, find_pii, find_sensitive_data
-from transforms.kernels.looping import longest_repeated_substring, looping_metrics, split_sentences
+from evalbeam.transforms.kernels.conditions import parse_condition
+from evalbeam.transforms.kernels.leakage import find_encoded, find_pii, find_sensitive_data
+from evalbeam.transforms.kernels.looping import longest_repeated_substring, looping_metrics, split_sentences
 
 GROWTH = 4
 LIMIT = 8.0

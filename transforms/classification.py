@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.classification import LabelRows, validate, vocabulary
-from schemas.formats import dict_rows_table, position_name
-from schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
+from evalbeam.schemas.classification import LabelRows, validate, vocabulary
+from evalbeam.schemas.formats import dict_rows_table, position_name
+from evalbeam.schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
                           reject)
-from transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadFiles,
+from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadFiles,
                            ReadRows)
-from transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
+from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
                                                key_metrics, match_key)
 
 GROUNDTRUTHS = "groundtruths"
@@ -122,7 +122,7 @@ def vocabulary_problems(per_source: dict, models: list[str], config: Classificat
     key beyond the vocabulary bound (not evaluated), then transforms.outputs.label_problems of
     each model's keys and values against the ground truth's (keys beyond the bound left out;
     nothing when the ground truth has no valid row, which is reported already)."""
-    from transforms.outputs import ERROR, label_problems, problem
+    from evalbeam.transforms.outputs import ERROR, label_problems, problem
 
     vocab = union_vocabulary(per_source, config.value_limit)
     over = sorted(key for key, values in vocab.items() if values is None)
@@ -390,11 +390,6 @@ def record_sort_key(record: dict):
             canonical_json(params))
 
 
-def reject_sort_key(record: dict):
-    return (record["source"], record["file"], record.get("line", record.get("row")) or 0,
-            record["reason"])
-
-
 class MatchAndCombine(beam.PTransform):
     """Shard pieces (shard, (source, rows)) + vocabulary -> metric records, rejects, stats."""
 
@@ -438,6 +433,35 @@ class RowsFromDicts(beam.DoFn):
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), len(unparsed) + len(rejects)))
         for shard, piece in rows.partition(self.num_shards).items():
             yield shard, (source, piece)
+
+
+class EvaluateClassificationFiles(beam.PTransform):
+    """The classification job on files (the launcher's PTransform, transforms.evaluated): read
+    and validate every source, find each label key's values, match per shard, merge, and turn
+    the merged states into records. Returns an Evaluated; its problems are the label findings
+    (vocabulary_problems)."""
+
+    def __init__(self, config: ClassificationConfig, job):
+        super().__init__()
+        self.config = config
+        self.job = job
+
+    def expand(self, pipeline):
+        from evalbeam.transforms.evaluated import Evaluated
+
+        job, config = self.job, self.config
+        slice_keys = sorted({key for spec in job.slices for key in spec})
+        pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
+            job.sources, slice_keys, job.num_shards, job.quiet, job.started, config)
+        per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
+        problems = per_source | "LabelProblems" >> beam.FlatMap(
+            vocabulary_problems, list(job.models), config)
+        records, match_rejects, match_stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
+            config, list(job.models), list(job.slices),
+            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards)
+        rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
+        stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
+        return Evaluated(records, rejected, stats, problems)
 
 
 class EvaluateClassification(beam.PTransform):

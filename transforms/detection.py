@@ -11,27 +11,29 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from schemas.coco import to_rle
-from schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco_document, image_rows
-from schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
-from schemas.formats import position_name
-from schemas.limits import MAX_IMAGE_PIXELS
-from schemas.rows import canonical_json, reject
-from transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
+from evalbeam.schemas.coco import to_rle
+from evalbeam.schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco_document, image_rows
+from evalbeam.schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
+from evalbeam.schemas.formats import position_name
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
                            open_input, parse_rows, read_pcollections)
-from transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
+from evalbeam.transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
                                           BinnedState, CocoState, DetailedState,
                                           ValorBinnedState, accumulate,
                                           accumulate_binned, coco_state, detailed_curve,
                                           pair_box_iou, summarize, valor_counts, valor_metrics)
-from transforms.kernels.detection_confusion import ConfusionState, confusion_state
-from transforms.kernels.hashing import fnv1a_64
-from transforms.kernels.masks import as_polygon, geometry_area, pair_geometry_iou, pair_mask_iou
+from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
+from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.transforms.kernels.masks import as_polygon, geometry_area, pair_geometry_iou, pair_mask_iou
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
@@ -805,7 +807,7 @@ def label_findings(source_labels: list, models: list) -> list[dict]:
     transforms.outputs.label_problems (an error when none of a model's labels is a ground-truth
     label: no prediction can be right), plus a warning per model some of whose labels no ground
     truth has (those predictions can only be false positives; the labels get AP 0)."""
-    from transforms.outputs import WARNING, label_problems, problem
+    from evalbeam.transforms.outputs import WARNING, label_problems, problem
 
     labels: dict = {}
     for source, found in source_labels:
@@ -827,26 +829,51 @@ def label_findings(source_labels: list, models: list) -> list[dict]:
     return found
 
 
+RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
+                "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
+                "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
+                "DetailedPrecisionRecallCurve", "ConfusionMatrix")
+
+
+def record_sort_key(record: dict):
+    """model, slice, type, then threshold and label (category id for COCO records)."""
+    params = record["parameters"]
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), params.get("iou_threshold", -1.0),
+            params.get("score_threshold", -1.0), params.get("category_id", -1),
+            str(params.get("label", "")), params.get("bound", ""))
+
+
+class DetectionConfig(NamedTuple):
+    """What `evalbeam detection` evaluates: iou_type "bbox" or "segm"; protocol (COCO or a
+    valor Protocol); native: the inputs are native rows (else COCO files); max_image_pixels:
+    the largest mask a row may hold."""
+
+    iou_type: str = "bbox"
+    protocol: Protocol = COCO
+    native: bool = False
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+
+
 class EvaluateDetectionFiles(beam.PTransform):
-    """COCO files or native rows (Sources) -> (metric records, rejects, stats, problems).
+    """COCO files or native rows (job.sources) -> Evaluated (transforms.evaluated).
 
     problems: the run's findings (transforms.outputs.problem dicts) on label vocabularies of
     native rows (label_findings); none for COCO files, whose detections of unknown categories
     are rejected row by row."""
 
-    def __init__(self, sources, models, slices, iou_type, num_shards, quiet, started,
-                 protocol: Protocol = COCO, native: bool = False, max_pixels: int = MAX_IMAGE_PIXELS):
+    def __init__(self, config: DetectionConfig, job):
         super().__init__()
-        self.max_pixels = max_pixels
-        self.protocol = protocol
-        self.native = native
-        self.sources = sources
-        self.models = models
-        self.slices = slices
-        self.iou_type = iou_type
-        self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
+        self.max_pixels = config.max_image_pixels
+        self.protocol = config.protocol
+        self.native = config.native
+        self.sources = job.sources
+        self.models = list(job.models)
+        self.slices = list(job.slices)
+        self.iou_type = config.iou_type
+        self.num_shards = job.num_shards
+        self.quiet = job.quiet
+        self.started = job.started
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
@@ -869,7 +896,7 @@ class EvaluateDetectionFiles(beam.PTransform):
         metrics, rejected, stats = _evaluate(
             read, categories, self.models, self.slices, self.iou_type, self.protocol, self.native,
             {n: s.files for n, s in self.sources.items()}, self.quiet, self.started)
-        return metrics, rejected, stats, problems
+        return Evaluated(metrics, rejected, stats, problems)
 
 
 def _evaluate(read, categories, models, slices, iou_type, protocol, native, files, quiet, started):

@@ -24,10 +24,10 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
+from evalbeam.schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
                              position_name)
-from schemas.rows import reject
-from schemas.safe_json import MAX_ROW_BYTES
+from evalbeam.schemas.rows import reject
+from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
@@ -218,7 +218,7 @@ def wrong_task_message(path: str, name: str, fields, task: str | None) -> str | 
 def head_lines(stream, n: int = 100, max_bytes: int = MAX_ROW_BYTES) -> list[bytes]:
     """The first n non-blank lines of a stream (a line longer than max_bytes, or a last line cut
     by that limit, is left out), read no further than needed."""
-    from schemas.safe_json import iter_lines
+    from evalbeam.schemas.safe_json import iter_lines
 
     lines = []
     for _, line in iter_lines(stream, max_bytes, chunk_size=1 << 20):
@@ -237,7 +237,7 @@ def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: lis
     `required` fields; a Parquet file when its columns can be read as the schema. Bad rows are not
     errors here (they are rejected one by one later); a file with no usable row at its start is,
     and so is a file whose rows belong to another task (named in the message)."""
-    from schemas.safe_json import loads_row
+    from evalbeam.schemas.safe_json import loads_row
 
     for path in source.files:
         try:
@@ -397,7 +397,7 @@ def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES):
     (row numbers) file, for row formats with nested values (detection, segmentation). JSONL
     lines are parsed by schemas.safe_json.loads_row: a line too long, too deeply nested, not JSON
     or holding a lone surrogate is rejected with its reason."""
-    from schemas.safe_json import iter_lines, loads_row
+    from evalbeam.schemas.safe_json import iter_lines, loads_row
 
     rows, positions, rejected = [], [], []
     with open_input(path) as stream:

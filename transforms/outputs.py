@@ -30,7 +30,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.io import InputError, join, read_json
+from evalbeam.transforms.io import InputError, join, read_json
 
 WRITTEN_BY = "evalbeam"
 OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl")
@@ -338,6 +338,12 @@ def run_status(problems: list[dict], rejected: int, read: int, allowed: float) -
     if rejected == 0 or (read > 0 and rejected / read <= allowed):
         return COMPLETE
     return WITH_REJECTIONS
+
+
+def reject_sort_key(record: dict):
+    """The order of rejected.jsonl: source, file, line (or Parquet row), reason."""
+    return (record["source"], record["file"], record.get("line", record.get("row")) or 0,
+            record["reason"])
 
 
 def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,

@@ -27,14 +27,15 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.retrieval_rows import (duplicate_groups, duplicate_reason, format_of, parse_qrels,
+from evalbeam.schemas.retrieval_rows import (duplicate_groups, duplicate_reason, format_of, parse_qrels,
                                     parse_run, without_rows)
-from schemas.rows import canonical_json, reject
-from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
-                           open_input)
-from transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
-from transforms.kernels.hashing import fnv1a_64, shard_of
-from transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
+                           merge_sorted_parts, open_input)
+from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
+from evalbeam.transforms.kernels.hashing import fnv1a_64, shard_of
+from evalbeam.transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
 
 GROUNDTRUTHS = "groundtruths"
 TAG_PER_QUERY = "per_query"
@@ -139,7 +140,7 @@ def coverage_problems(coverage: list, complete: bool) -> list[dict]:
     - warning `unanswered_queries` (without --complete): the run answers fewer than half of the
       qrels' queries, and its averages are over the answered ones only.
     A model without rows is count_problems' (transforms/outputs.py) finding, not one of these."""
-    from transforms.outputs import ERROR, WARNING, problem
+    from evalbeam.transforms.outputs import ERROR, WARNING, problem
 
     merged: dict = {}
     for model, part in coverage:
@@ -210,7 +211,7 @@ def write_piece(columns, path: str) -> None:
 
 def read_piece(path: str, qrels: bool):
     """The columns write_piece wrote (QrelsColumns when qrels, else RunColumns)."""
-    from schemas.retrieval_rows import QrelsColumns, RunColumns
+    from evalbeam.schemas.retrieval_rows import QrelsColumns, RunColumns
 
     with FileSystems.open(path) as stream:
         table = pa.ipc.open_stream(stream).read_all()
@@ -398,26 +399,65 @@ def record_sort_key(record: dict):
             RECORD_ORDER.index(record["type"]), params.get("k", 0))
 
 
-class EvaluateRetrievalFiles(beam.PTransform):
-    """Qrels and run files (Sources) -> (records, per-query parts, rejects, stats, coverage):
-    coverage is (model, QueryCoverage) per shard, for coverage_problems. excluded: qrels rows
-    to reject, as ReadRetrievalFile takes it."""
+def read_slices(sources, slices) -> tuple[dict | None, dict]:
+    """The --slice values of each query and the qrels rows that cannot carry them.
 
-    def __init__(self, sources, models, config: RetrievalConfig, complete: bool, slices: dict | None,
-                 num_shards: int, per_query_dir: str | None, quiet: bool, started: float,
-                 pieces_dir: str | None = None, excluded: dict | None = None):
+    Returns ({spec: {query_id: tuple of canonical JSON values}}, {qrels file id: {line:
+    reason}}). A query's values come from its first qrels row (files in order) that has a
+    "metadata" object; rows the reader rejects do not count (json_row: malformed, too deep, a
+    lone surrogate, a bad field, a line too long), rows the shards reject as repeated (query,
+    doc) pairs do (that needs every file at once). A row whose metadata value for a --slice key
+    is NaN or infinite (no JSON output can name that slice) is listed with the reason and
+    rejected by the pipeline's reader, so its judgment is not used either; the query's values
+    then come from its next row. Lines are read one at a time, at most MAX_ROW_BYTES each."""
+    if not slices:
+        return None, {}
+    from evalbeam.schemas.retrieval_rows import MAX_ROW_BYTES, json_row
+    from evalbeam.schemas.rows import canonical_json
+    from evalbeam.schemas.safe_json import iter_lines, slice_value_problem
+    from evalbeam.transforms.io import open_input
+
+    keys = sorted({key for spec in slices for key in spec})
+    per_query: dict = {}
+    excluded: dict = {}
+    for file_id, path in enumerate(sources["groundtruths"].files):
+        with open_input(path) as stream:
+            for number, raw in iter_lines(stream, MAX_ROW_BYTES):
+                if raw is None or not raw.strip():
+                    continue
+                row, problem = json_row(raw, "qrels")
+                if problem or not isinstance(row.get("metadata"), dict):
+                    continue
+                metadata = row["metadata"]
+                reason = next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
+                if reason:
+                    excluded.setdefault(file_id, {})[number] = reason
+                    continue
+                per_query.setdefault(row["query_id"], metadata)
+    values = {spec: {q: tuple(canonical_json(m.get(k)) for k in spec) for q, m in per_query.items()}
+              for spec in slices}
+    return values, excluded
+
+
+class EvaluateRetrievalFiles(beam.PTransform):
+    """Qrels and run files (job.sources) -> Evaluated (transforms.evaluated). Its problems are
+    the findings on the queries the runs share with the qrels (coverage_problems); with
+    config.per_query, per_query.jsonl is written to job.temp("per_query.jsonl"). The --slice
+    values of each query are read from the qrels first (read_slices), while the graph is built."""
+
+    def __init__(self, config: RetrievalConfig, job):
         super().__init__()
-        self.pieces_dir = pieces_dir
-        self.sources = sources
-        self.models = models
+        self.slices, self.excluded = read_slices(job.sources, list(job.slices))
+        self.pieces_dir = job.temp("pieces")
+        self.sources = job.sources
+        self.models = list(job.models)
         self.config = config
-        self.complete = complete
-        self.slices = slices
-        self.num_shards = num_shards
-        self.per_query_dir = per_query_dir
-        self.quiet = quiet
-        self.started = started
-        self.excluded = excluded
+        self.complete = config.complete
+        self.num_shards = job.num_shards
+        self.per_query_dir = job.temp("per-query-parts") if config.per_query else None
+        self.per_query_path = job.temp("per_query.jsonl")
+        self.quiet = job.quiet
+        self.started = job.started
 
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(
@@ -436,4 +476,13 @@ class EvaluateRetrievalFiles(beam.PTransform):
                    | "Records" >> beam.FlatMap(records, self.config, self.complete))
         rejects = (read[TAG_REJECTED], evaluated[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
         stats = (read[TAG_STATS], evaluated[TAG_STATS]) | "AllStats" >> beam.Flatten()
-        return metrics, evaluated[TAG_PER_QUERY], rejects, stats, evaluated[TAG_COVERAGE]
+        problems = (evaluated[TAG_COVERAGE]
+                    | "GatherCoverage" >> beam.combiners.ToList()
+                    | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.complete))
+        extra = {}
+        if self.per_query_dir is not None:
+            extra["per_query.jsonl"] = (
+                evaluated[TAG_PER_QUERY]
+                | "GatherParts" >> beam.combiners.ToList()
+                | "MergePerQuery" >> beam.Map(merge_sorted_parts, self.per_query_path, "query_id"))
+        return Evaluated(metrics, rejects, stats, problems, extra)

@@ -16,15 +16,16 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 
-from schemas.limits import MAX_LABELS, ImageLimits
-from schemas.mask_files import MaskFileError, read_array
-from schemas.rows import canonical_json, reject
-from schemas.formats import position_name
-from schemas.segmentation_rows import SegmentRow, segment_rows
-from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadError, ReadFiles,
+from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
+from evalbeam.schemas.mask_files import MaskFileError, read_array
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.schemas.formats import position_name
+from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadError, ReadFiles,
                            parse_rows, read_pcollections, unique_rows)
-from transforms.kernels.hashing import uid_shards
-from transforms.kernels.segmentation import (IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
+from evalbeam.transforms.kernels.hashing import uid_shards
+from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
 
 GROUNDTRUTHS = "groundtruths"
@@ -165,7 +166,7 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
         return ids, table, []
     from pycocotools import mask as mask_utils
 
-    from schemas.coco import to_rle
+    from evalbeam.schemas.coco import to_rle
 
     h, w = row.shape
 
@@ -387,7 +388,7 @@ def vocabulary_problems(found: list) -> list:
     between the two sides, or it predicts only classes the ground truth never has). found:
     [(model, ground-truth labels, predicted labels)]; the ground-truth pixels are the same datums
     for every model, so their labels are one set."""
-    from transforms.outputs import label_problems
+    from evalbeam.transforms.outputs import label_problems
 
     truth = set().union(*(t for _, t, _ in found)) if found else set()
     return label_problems({None: truth}, {model: {None: predicted} for model, _, predicted in found})
@@ -422,24 +423,32 @@ def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id
     return metrics, rejected, stats, problems
 
 
-class EvaluateSegmentationFiles(beam.PTransform):
-    """Segmentation row files (Sources) -> (metric records, rejects, stats, label findings)."""
+RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
 
-    def __init__(self, sources, models, slices, label_names: dict | None, ignore_id: int | None,
-                 num_shards: int, quiet: bool, started: float, unlabeled_id: int | None = None,
-                 limits: ImageLimits = ImageLimits(), max_labels: int = MAX_LABELS):
+
+def record_sort_key(record: dict):
+    """model, slice, type, label."""
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), str(record["parameters"].get("label", "")))
+
+
+class EvaluateSegmentationFiles(beam.PTransform):
+    """Segmentation row files (job.sources) -> Evaluated (transforms.evaluated); its problems
+    are the label findings."""
+
+    def __init__(self, config: SegmentationConfig, job):
         super().__init__()
-        self.unlabeled_id = unlabeled_id
-        self.sources = sources
-        self.models = models
-        self.slices = slices
-        self.label_names = label_names
-        self.ignore_id = ignore_id
-        self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
-        self.limits = limits
-        self.max_labels = max_labels
+        self.unlabeled_id = config.unlabeled_id
+        self.sources = job.sources
+        self.models = list(job.models)
+        self.slices = list(job.slices)
+        self.label_names = config.label_names
+        self.ignore_id = config.ignore_id
+        self.num_shards = job.num_shards
+        self.quiet = job.quiet
+        self.started = job.started
+        self.limits = config.limits
+        self.max_labels = config.max_labels
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
@@ -447,9 +456,10 @@ class EvaluateSegmentationFiles(beam.PTransform):
             self.sources, ReadSegmentationFile(self.sources, slice_keys, self.num_shards, self.quiet,
                                                self.started, self.limits),
             (TAG_REJECTED, TAG_STATS, TAG_LABELS))
-        return _evaluate(pbegin, read, self.models, self.slices, self.label_names, self.ignore_id,
-                         self.unlabeled_id, {n: s.files for n, s in self.sources.items()},
-                         self.quiet, self.started, self.limits, self.max_labels)
+        return Evaluated(*_evaluate(
+            pbegin, read, self.models, self.slices, self.label_names, self.ignore_id,
+            self.unlabeled_id, {n: s.files for n, s in self.sources.items()}, self.quiet,
+            self.started, self.limits, self.max_labels))
 
 
 class EvaluateSegmentation(beam.PTransform):

@@ -15,14 +15,17 @@ import typing
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.formats import position_name
-from schemas.rows import canonical_json, reject
-from schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
-from transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
+from evalbeam.schemas.formats import position_name
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
+from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.judge.report import judge_problems, judge_report
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
                            merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
-from transforms.judge.session import merge_counters
-from transforms.kernels.hashing import uid_shards
-from transforms.kernels.text_scores import TextConfig, TextState, score_datum
+from evalbeam.transforms.judge.session import merge_counters
+from evalbeam.transforms.kernels.hashing import uid_shards
+from evalbeam.transforms.judge.metrics import JUDGE_METRICS
+from evalbeam.transforms.kernels.text_scores import LOCAL_METRICS, TextConfig, TextState, score_datum
 
 GROUNDTRUTHS = "groundtruths"
 TAG_SCORES = "scores"
@@ -64,7 +67,7 @@ def _condition_checker(config: TextConfig):
     """A function text -> reason or None when conditions matter (TextMatching, EncodingGuardrail)."""
     if not ({"TextMatching", "EncodingGuardrail"} & set(config.metrics)):
         return None
-    from transforms.kernels.rule_metrics import condition_problem
+    from evalbeam.transforms.kernels.rule_metrics import condition_problem
 
     return condition_problem
 
@@ -122,7 +125,7 @@ class MatchText(ProgressDoFn):
         super().setup()
         self.session = None
         if self.config.judge_settings is not None:
-            from transforms.judge.session import JudgeSession
+            from evalbeam.transforms.judge.session import JudgeSession
 
             self.session = JudgeSession(self.config.judge_settings, self.config.journal_root)
             self.session.open()
@@ -194,7 +197,7 @@ class MatchText(ProgressDoFn):
         from apache_beam.transforms.window import GlobalWindow
         from apache_beam.utils.windowed_value import WindowedValue
 
-        from transforms.judge.judged_text import judge_datums
+        from evalbeam.transforms.judge.judged_text import judge_datums
 
         pending, self.pending = self.pending, []
         judged_rows = judge_datums(self.session, self.config, [judged for *_, judged in pending])
@@ -254,29 +257,57 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
     return metrics, matched[TAG_SCORES], rejected, stats, judge_stats
 
 
-class EvaluateTextFiles(beam.PTransform):
-    """Text row files (Sources) -> (metric records, score parts [(path, rows)], rejects, stats);
-    score parts are written under scores_dir."""
+# every metric type, in the order of metrics.jsonl
+RECORD_ORDER = LOCAL_METRICS + JUDGE_METRICS
 
-    def __init__(self, sources, models, slices, config: TextConfig, num_shards, scores_dir, quiet, started):
+
+def record_sort_key(record: dict):
+    """model, slice, type, then parameters."""
+    return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
+            RECORD_ORDER.index(record["type"]), json.dumps(record["parameters"], sort_keys=True))
+
+
+class EvaluateTextFiles(beam.PTransform):
+    """Text row files (job.sources) -> Evaluated (transforms.evaluated). Per-datum scores are
+    written to job.temp("scores.jsonl") (extra output "scores.jsonl"); with judge metrics, the
+    report is run.json's "judge" section and the problems are the judge's failures
+    (transforms.judge.report)."""
+
+    def __init__(self, config: TextConfig, job):
         super().__init__()
-        self.sources = sources
-        self.models = models
-        self.slices = slices
+        self.sources = job.sources
+        self.models = list(job.models)
+        self.slices = list(job.slices)
         self.config = config
-        self.num_shards = num_shards
-        self.scores_dir = scores_dir
-        self.quiet = quiet
-        self.started = started
+        self.num_shards = job.num_shards
+        self.temp = job.temp
+        self.quiet = job.quiet
+        self.started = job.started
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
         read = pbegin | "ReadFiles" >> ReadFiles(
             self.sources, ReadTextFile(self.sources, slice_keys, self.num_shards, self.config,
                                        self.quiet, self.started), (TAG_REJECTED, TAG_STATS))
-        return _evaluate(read, self.models, self.slices, self.config,
-                         {n: s.files for n, s in self.sources.items()}, self.scores_dir, self.quiet,
-                         self.started)
+        metrics, score_parts, rejected, stats, judge_stats = _evaluate(
+            read, self.models, self.slices, self.config,
+            {n: s.files for n, s in self.sources.items()}, self.temp("scores-parts"), self.quiet,
+            self.started)
+        n_scores = (score_parts
+                    | "GatherScoreParts" >> beam.combiners.ToList()
+                    | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
+        if self.config.judge is None:
+            return Evaluated(metrics, rejected, stats, pbegin | "NoProblems" >> beam.Create([]),
+                             {"scores.jsonl": n_scores})
+        # the judge metrics' records of the whole dataset: their status counts decide the status
+        judged = metrics | "JudgedRecords" >> beam.Filter(
+            lambda record: "counts" in record and record["slice"] == {})
+        report = judge_stats | "JudgeReport" >> beam.Map(lambda c: {"judge": judge_report(c)})
+        problems = report | "JudgeProblems" >> beam.FlatMap(
+            lambda r, records, allowed: judge_problems(list(records), allowed,
+                                                       r["judge"]["error_samples"]),
+            beam.pvalue.AsList(judged), self.config.judge_max_failed_fraction)
+        return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report)
 
 
 class EvaluateText(beam.PTransform):

@@ -32,7 +32,7 @@
 #
 # Which Beam option makes the workers use the custom image: --sdk_container_image. `run` passes it
 # as the template parameter sdk_container_image=$IMAGE; without it the workers run Beam's stock
-# image, in which pipelines, transforms and schemas cannot be imported.
+# image, in which evalbeam cannot be imported.
 set -euo pipefail
 
 : "${PROJECT:?set PROJECT (Google Cloud project id)}"

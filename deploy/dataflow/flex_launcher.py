@@ -4,10 +4,10 @@ On the launcher VM, Dataflow runs `python flex_launcher.py --name=value ...`: on
 template parameter given at launch, then the pipeline options the service adds itself (--runner,
 --project, --region, --temp_location, --staging_location, --job_name, --sdk_container_image, ...).
 A template parameter is always one `name=value` string, so this module rewrites the few evalbeam
-flags that a single string cannot express, then runs `python -m pipelines.<task>` in this process
+flags that a single string cannot express, then runs `python -m evalbeam.pipelines.<task>` in this process
 with the result (the same entry point as `evalbeam <task>`):
 
-    task=classification               which pipelines.<task> module to run (default: classification)
+    task=classification               which evalbeam.pipelines.<task> module to run (default: classification)
     predictions=a=gs://x*;b=gs://y*    --predictions a=gs://x* --predictions b=gs://y*
     hardmax=true | false               --hardmax | --no_hardmax
     quiet=true | false                 --quiet | (nothing)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         task, args = translate(argv, run_date)
     except ValueError as error:
         sys.exit(f"flex_launcher: {error}")
-    module = f"pipelines.{task}"
+    module = f"evalbeam.pipelines.{task}"
     if print_only:
         print(" ".join(["python", "-m", module, *args]))
         return

@@ -20,8 +20,8 @@
 # FLINK_VERSION must be the cluster's Flink major.minor (Beam 2.77 publishes job servers for 1.19,
 # 1.20, 2.0, 2.1 and 2.2).
 #
-# Where the Python code runs (--environment_type), i.e. where `import pipelines, transforms,
-# schemas` must work:
+# Where the Python code runs (--environment_type), i.e. where `import evalbeam.pipelines`
+# must work:
 #   DOCKER    (the usual choice for a real cluster) Each TaskManager starts the SDK harness in a
 #             container of SDK_IMAGE. Build it with deploy/dataflow/Dockerfile: a Beam Python SDK
 #             image with evalbeam installed, ENTRYPOINT /opt/apache/beam/boot, same Beam version as

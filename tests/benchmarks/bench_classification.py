@@ -91,7 +91,7 @@ def ensure_dataset(workdir: str, n_datums: int, n_classes: int) -> dict[str, str
     if complete and all(map(os.path.exists, paths.values())):
         print(f"reusing data in {folder}", file=sys.stderr)
         return paths
-    from pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.synthetic import write_classification_dataset
 
     print(f"generating {n_datums:,} datums x {n_classes} classes in {folder} ...", file=sys.stderr)
     start = time.perf_counter()
@@ -211,7 +211,7 @@ def evalbeam_command(paths: dict[str, str], output: str, beam_args: str, exe: st
         base = [os.path.join(os.path.dirname(sys.executable), "evalbeam")]
     else:
         found = shutil.which("evalbeam")
-        base = [found] if found else [sys.executable, "-m", "pipelines.cli"]
+        base = [found] if found else [sys.executable, "-m", "evalbeam.pipelines.cli"]
     return base + ["classification", "--groundtruths", paths["groundtruths"],
                    "--predictions", f"{MODEL}={paths[MODEL]}", "--output", output, "--quiet",
                    *shlex.split(beam_args)]

@@ -140,7 +140,7 @@ def evalbeam_command(gt: str, dt: str, iou_type: str, output: str, beam_args: st
         base = [os.path.join(os.path.dirname(sys.executable), "evalbeam")]
     else:
         found = shutil.which("evalbeam")
-        base = [found] if found else [sys.executable, "-m", "pipelines.cli"]
+        base = [found] if found else [sys.executable, "-m", "evalbeam.pipelines.cli"]
     return base + ["detection", "--groundtruths", gt, "--predictions", f"{MODEL}={dt}",
                    "--output", output, "--quiet", "--iou_type", iou_type, *shlex.split(beam_args)]
 

@@ -31,10 +31,10 @@ def pipeline(url: str, n: int, rpm: int, journal: str, out: str) -> None:
     sys.path.insert(0, ROOT)
     import apache_beam as beam
 
-    from pipelines.common import local_pipeline
-    from transforms.io import write_json
-    from transforms.judge.requests import JudgeRequest
-    from transforms.judge.transform import JudgeCalls, JudgeSettings
+    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.transforms.io import write_json
+    from evalbeam.transforms.judge.requests import JudgeRequest
+    from evalbeam.transforms.judge.transform import JudgeCalls, JudgeSettings
 
     schema = {"type": "object", "properties": {"verdict": {"type": "integer", "enum": [0, 1]},
                                                "reason": {"type": "string"}},

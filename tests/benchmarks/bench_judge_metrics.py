@@ -129,7 +129,7 @@ def ragas_python(path: str | None) -> str:
 def write_data(folder: str, n: int, seed: int) -> tuple[str, str]:
     """n datums both tools can score: question, one reference, an answer and contexts."""
     sys.path.insert(0, ROOT)
-    from pipelines.synthetic_rag import make_rag_datums
+    from evalbeam.pipelines.synthetic_rag import make_rag_datums
 
     truths, predictions = make_rag_datums(4 * n, seed=seed, models=("rag",))
     answers = {p["datum_uid"]: p for p in predictions["rag"]}
@@ -157,7 +157,7 @@ def timed(command: list[str], env: dict) -> float:
 
 
 def evalbeam_command(url, groundtruths, predictions, out, journal, concurrency) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli", "text", "--groundtruths", groundtruths,
+    return [sys.executable, "-m", "evalbeam.pipelines.cli", "text", "--groundtruths", groundtruths,
             "--predictions", f"rag={predictions}", "--output", out, "--metrics", ",".join(EVALBEAM_METRICS),
             "--judge_url", url, "--judge_model", "judge-1", "--judge_api_key_env", "BENCH_JUDGE_KEY",
             "--judge_rpm", "1000000", "--judge_concurrency", str(concurrency),

@@ -90,7 +90,7 @@ def run_ranx(qrels_path: str, run_path: str, output: str) -> None:
 
 def evalbeam_command(data: dict, output: str, beam_args: str) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "evalbeam")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "pipelines.cli"]
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "evalbeam.pipelines.cli"]
     return base + ["retrieval", "--groundtruths", data["qrels"], "--predictions", f"run={data['run']}",
                    "--output", output, "--quiet", *shlex.split(beam_args)]
 

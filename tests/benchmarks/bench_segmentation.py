@@ -121,7 +121,7 @@ def scaled(data: dict, factor: int) -> dict:
 
 def evalbeam_command(data: dict, output: str, beam_args: str) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "evalbeam")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "pipelines.cli"]
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "evalbeam.pipelines.cli"]
     names = ",".join(f"{k}={name}" for k, name in enumerate(LABELS, start=1))
     return base + ["segmentation", "--groundtruths", data["groundtruths"],
                    "--predictions", f"{MODEL}={data['predictions']}", "--output", output, "--quiet",

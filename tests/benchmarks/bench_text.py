@@ -82,7 +82,7 @@ def ensure_dataset(workdir: str, n: int, seed: int = 0) -> dict:
 
 def evalbeam_command(data: dict, output: str, beam_args: str) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "evalbeam")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "pipelines.cli"]
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "evalbeam.pipelines.cli"]
     return base + ["text", "--groundtruths", data["groundtruths"], "--predictions",
                    f"model={data['predictions']}", "--output", output, "--quiet",
                    "--metrics", "ROUGE,BLEU", *shlex.split(beam_args)]

@@ -34,7 +34,7 @@ def stand_in_server(latency_ms: int, rpm: int | None = None):
     it answers /stats (within 10 s), terminates it on the way out."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "pipelines.cli", "judge-server", "--port", str(port),
+    command = [sys.executable, "-m", "evalbeam.pipelines.cli", "judge-server", "--port", str(port),
                "--latency_ms", str(latency_ms)] + (["--rpm", str(rpm)] if rpm else [])
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
     try:

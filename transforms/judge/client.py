@@ -65,8 +65,8 @@ import aiohttp
 import jsonschema
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from transforms.judge import requests as rq
-from transforms.judge.limits import RateLimiter, estimate_tokens
+from evalbeam.transforms.judge import requests as rq
+from evalbeam.transforms.judge.limits import RateLimiter, estimate_tokens
 
 log = logging.getLogger("evalbeam.judge")
 

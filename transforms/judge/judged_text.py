@@ -11,8 +11,8 @@ import asyncio
 import json
 import typing
 
-from transforms.judge.metrics import Datum, metric_programs, parameters_of, score_metric
-from transforms.kernels.judge_state import JudgeMetricState
+from evalbeam.transforms.judge.metrics import Datum, metric_programs, parameters_of, score_metric
+from evalbeam.transforms.kernels.judge_state import JudgeMetricState
 
 
 def state_key(kind: str, parameters: dict) -> str:

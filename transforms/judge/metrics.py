@@ -57,9 +57,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from transforms.judge.requests import JudgeRequest, embedding_request
-from transforms.judge.session import DRY_RUN
-from transforms.kernels import judge_scores as ks
+from evalbeam.transforms.judge.requests import JudgeRequest, embedding_request
+from evalbeam.transforms.judge.session import DRY_RUN
+from evalbeam.transforms.kernels import judge_scores as ks
 
 
 @dataclass(frozen=True)
@@ -114,13 +114,13 @@ class Judge:
         self.dry = False
 
     def _template(self, template):
-        from transforms.judge.templates import load_template
+        from evalbeam.transforms.judge.templates import load_template
 
         return load_template(template) if isinstance(template, str) else template
 
     async def ask(self, template, values: dict, logprobs: int | None = None) -> dict:
         """The record of one chat request; raises Failed unless ok (or a dry run)."""
-        from transforms.judge.templates import render_messages, request_schema
+        from evalbeam.transforms.judge.templates import render_messages, request_schema
 
         t = self._template(template)
         request = JudgeRequest(model=self.config.model, messages=render_messages(t, values),
@@ -651,7 +651,7 @@ TEMPLATES_OF = {
 def parameters_of(kind: str, extra: dict, config: JudgeMetricConfig) -> dict:
     """The parameters of a metric's records: the judge model and template versions (or the
     embedding model), and the conventions that change its value."""
-    from transforms.judge.templates import load_template
+    from evalbeam.transforms.judge.templates import load_template
 
     if kind in EMBEDDING_METRICS:
         return {"embedding_model": config.embedding_model, **extra}

@@ -37,8 +37,8 @@ import json
 import os
 import time
 
-from transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
-from transforms.judge.requests import request_hash
+from evalbeam.transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
+from evalbeam.transforms.judge.requests import request_hash
 
 NOT_SENT = "not_sent"      # a budget was reached before this request was sent
 DRY_RUN = "dry_run"        # --judge_dry_run: counted, not sent
@@ -58,7 +58,7 @@ def response_record(response, request, settings) -> dict:
 
 def simulated_content(request):
     """What the stand-in judge would answer (dry runs): (content, answer text)."""
-    from pipelines import judge_server
+    from evalbeam.pipelines import judge_server
 
     if request.kind == "embedding":
         return judge_server.embed(request.messages[0][1], judge_server.EMBEDDING_DIM), ""
@@ -111,7 +111,7 @@ class JudgeSession:
         self.calls_left = None if s.max_calls is None else s.max_calls / workers
         self.cost_left = None if s.max_cost is None else s.max_cost / workers
         if not s.dry_run:
-            from transforms.judge.client import JudgeClient
+            from evalbeam.transforms.judge.client import JudgeClient
 
             self.client = JudgeClient(
                 s.url, os.environ.get(s.api_key_env, ""), rpm=max(1, int(s.rpm / workers)),
@@ -147,7 +147,7 @@ class JudgeSession:
 
     # ---------------------------------------------------------------- one request
     def _estimate(self, request) -> tuple[int, int]:
-        from transforms.judge.limits import estimate_tokens
+        from evalbeam.transforms.judge.limits import estimate_tokens
 
         prompt = estimate_tokens(request.messages, 0)
         completion = request.max_tokens or 0
@@ -180,7 +180,7 @@ class JudgeSession:
         return record
 
     async def _resolve(self, h, request, metric) -> dict:
-        from transforms.judge.limits import estimate_tokens
+        from evalbeam.transforms.judge.limits import estimate_tokens
 
         s = self.settings
         prompt, completion = self._estimate(request)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from transforms.judge.session import DRY_RUN, NOT_SENT, response_record  # noqa: F401 (re-exported)
-from transforms.judge.session import merge_counters
+from evalbeam.transforms.judge.session import DRY_RUN, NOT_SENT, response_record  # noqa: F401 (re-exported)
+from evalbeam.transforms.judge.session import merge_counters
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class CallJudge(beam.DoFn):
         self.journal_root = journal_root
 
     def setup(self):
-        from transforms.judge.session import JudgeSession
+        from evalbeam.transforms.judge.session import JudgeSession
 
         self.session = JudgeSession(self.settings, self.journal_root)
         self.session.open()
@@ -100,7 +100,7 @@ class JudgeCalls(beam.PTransform):
         self.with_stats = with_stats
 
     def expand(self, requests):
-        from transforms.judge.requests import request_hash
+        from evalbeam.transforms.judge.requests import request_hash
 
         batches = self.settings.batches or 2 * max(1, self.settings.workers)
         results = (requests

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
-from transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
+from evalbeam.transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
+from evalbeam.transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
 
 METRIC_TYPES = (
     "Counts", "Precision", "Recall", "F1", "Accuracy", "ROCAUC", "mROCAUC",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.kernels.examples import ExampleSet, smallest_k
+from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
 IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
 RECALL_THRESHOLDS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
@@ -632,7 +632,7 @@ def detailed_curve(dt_label, dt_score, dt_matched, dt_misclassified, gt_label, g
     Examples: per (threshold, category, label) the k annotations with the smallest (hash of
     datum_uid, file, position); dt_where and gt_where are (hash uint64[n], file int[n], position
     int[n]); describe(kind, index) -> example dict ({"datum_uid", "geometry", "score"?})."""
-    from transforms.kernels.classification import counts_above, counts_from, levels
+    from evalbeam.transforms.kernels.classification import counts_above, counts_from, levels
 
     P, K, C = thresholds.size, n_labels, len(DETAILED)
     counts = np.zeros((P, K, C), dtype=np.int64)

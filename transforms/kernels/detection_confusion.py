@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.kernels.classification import counts_above, levels
-from transforms.kernels.examples import ExampleSet, smallest_k
+from evalbeam.transforms.kernels.classification import counts_above, levels
+from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
 PAIR_MIN_IOU = 1e-9
 

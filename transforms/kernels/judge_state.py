@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transforms.kernels.exact_sum import ExactSum
+from evalbeam.transforms.kernels.exact_sum import ExactSum
 
 
 @dataclass

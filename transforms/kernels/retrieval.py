@@ -85,13 +85,18 @@ class RetrievalConfig:
     ranking, None for none. recall_points: recall levels of iprec_at_recall, in [0, 1].
     iprec_rounding: how iprec_at_recall turns the recall level p into a number of relevant docs
     K: "nearest" rounds p R half up (trec_eval 9.0.8 and later, and the reference outputs);
-    "legacy" truncates p R + 0.9 (older trec_eval, and the one inside pytrec_eval 0.5)."""
+    "legacy" truncates p R + 0.9 (older trec_eval, and the one inside pytrec_eval 0.5).
+    complete, per_query: the command's --complete and --per_query."""
 
     ks: tuple[int, ...] = DEFAULT_KS
     relevance_level: int = 1
     max_docs_per_query: int | None = 1000
     recall_points: tuple[float, ...] = DEFAULT_RECALL_POINTS
     iprec_rounding: str = "nearest"
+    # complete: average over every query of the qrels, a query missing from a run scoring 0
+    # (trec_eval -c); per_query: also write per_query.jsonl
+    complete: bool = False
+    per_query: bool = False
 
     def __post_init__(self):
         if self.iprec_rounding not in ("nearest", "legacy"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from transforms.kernels.exact_sum import ExactSum
+from evalbeam.transforms.kernels.exact_sum import ExactSum
 
 RULE_TYPES = ("TextMatching", "PIILeakage", "SensitiveDataLeakage", "EncodingGuardrail",
               "LoopingDetection")
@@ -25,14 +25,14 @@ LOOPING_METRICS = ("unique_sentences", "longest_repeated_substring", "compressio
 
 @lru_cache(maxsize=4096)
 def _condition(text: str):
-    from transforms.kernels.conditions import parse_condition
+    from evalbeam.transforms.kernels.conditions import parse_condition
 
     return parse_condition(text)
 
 
 def condition_problem(text: str) -> str | None:
     """Why a condition does not parse (names the column), or None."""
-    from transforms.kernels.conditions import ConditionError
+    from evalbeam.transforms.kernels.conditions import ConditionError
 
     try:
         _condition(text)
@@ -52,7 +52,7 @@ class RuleState:
 
     def __post_init__(self):
         if self.counts is None:
-            from transforms.kernels.rule_outcomes import RuleCounts
+            from evalbeam.transforms.kernels.rule_outcomes import RuleCounts
 
             self.counts = RuleCounts()
 
@@ -79,7 +79,7 @@ class RuleState:
 
 def _evaluate(kind: str, truth, response: str, contexts):
     """(Outcome, looping metrics or {}) of one evaluator on one datum."""
-    from transforms.kernels import rule_outcomes as rules
+    from evalbeam.transforms.kernels import rule_outcomes as rules
 
     if kind == "TextMatching":
         return rules.text_matching(_condition(truth.condition), response, contexts), {}

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from transforms.kernels.conditions import Condition, ConditionError, parse_condition
-from transforms.kernels.leakage import PII_KINDS, find_encoded, find_pii, find_sensitive_data
-from transforms.kernels.looping import looping_metrics, looping_verdict
+from evalbeam.transforms.kernels.conditions import Condition, ConditionError, parse_condition
+from evalbeam.transforms.kernels.leakage import PII_KINDS, find_encoded, find_pii, find_sensitive_data
+from evalbeam.transforms.kernels.looping import looping_metrics, looping_verdict
 
 __all__ = [
     "Outcome", "RuleCounts", "RATE_NAMES", "text_matching", "pii_leakage",

@@ -12,11 +12,28 @@ additive over datums, so shards and workers merge it exactly.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
 
 UNLABELED = -1
 IGNORED = -2
 UNKNOWN = -3   # a table entry for an id that names no label
+
+
+class SegmentationConfig(NamedTuple):
+    """What `evalbeam segmentation` evaluates: label_names {class id: label} of label-map
+    images (None: rows carry segments); ignore_id: the label-map id of ground-truth pixels left
+    out; unlabeled_id: the id meaning "no label"; limits: the largest image and mask file a row
+    may hold; max_labels: the most distinct labels in a run."""
+
+    label_names: dict | None = None
+    ignore_id: int | None = None
+    unlabeled_id: int | None = None
+    limits: ImageLimits = ImageLimits()
+    max_labels: int = MAX_LABELS
 
 
 class UnknownIds(Exception):

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.kernels.exact_sum import ExactSum
-from transforms.kernels.text_overlap import (BLEU_ORDER, ROUGE_TYPES, corpus_bleu, corpus_bleu_stats,
+from evalbeam.transforms.kernels.exact_sum import ExactSum
+from evalbeam.transforms.kernels.text_overlap import (BLEU_ORDER, ROUGE_TYPES, corpus_bleu, corpus_bleu_stats,
                                              rouge, sentence_bleu)
 
 OVERLAP_METRICS = ("ROUGE", "BLEU", "CorpusBLEU")
+RULE_METRICS = ("TextMatching", "PIILeakage", "SensitiveDataLeakage", "EncodingGuardrail",
+                "LoopingDetection")
+# the metrics computed without a judge, in the order of metrics.jsonl
+LOCAL_METRICS = OVERLAP_METRICS + RULE_METRICS
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class TextConfig:
     judge: object = None
     judge_settings: object = None
     journal_root: str | None = None
+    # the largest fraction of a judge metric's datums that may fail before the run is incomplete
+    judge_max_failed_fraction: float = 0.0
 
 
 @dataclass
@@ -154,7 +160,7 @@ def score_datum(config: TextConfig, truth, prediction, model: str, states: list[
     response = prediction.response if prediction is not None else None
     rows = score_overlap(config, truth.uid, model, truth.references, response, states)
     if set(config.metrics) - set(OVERLAP_METRICS):
-        from transforms.kernels.rule_metrics import score_rules
+        from evalbeam.transforms.kernels.rule_metrics import score_rules
 
         rows.extend(score_rules(config, truth, prediction, model, states))
     return rows

@@ -1,0 +1,311 @@
+"""The one launcher: runs any task declared by a TaskSpec (pipelines/task.py), end to end.
+
+What it does for every task, once: the command line (the task's options, the common ones and
+their checks, Beam's options), the inputs (expanded, checked before anything is written), the
+output folder (transforms.outputs), the Beam pipeline around the task's PTransform on files
+(writing metrics.jsonl and rejected.jsonl, publishing with run.json), the summary printed, the
+run's problems, and the exit code.
+
+Exit codes (run.json's status in brackets): 0 success ("complete"); 1 the run finished and wrote
+its outputs but rejected more rows than --max_rejected_fraction allows
+("complete_with_rejections"); 2 unusable command line, inputs or output folder (nothing on disk
+changed), or an input that broke off while being read ("failed"); 3 the pipeline failed
+("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the run could not
+compute what was asked ("incomplete": every row of a source rejected, a --slice key no row has,
+judge calls that failed; run.json's "problems" say which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import time
+
+from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, make_pipeline,
+                                       parse_models, parse_slices, rejection_message,
+                                       safe_beam_args, say_error, split_beam_args, versions)
+from evalbeam.pipelines.task import TaskSpec
+
+
+def build_parser(spec: TaskSpec) -> argparse.ArgumentParser:
+    """The task's command line: the inputs, the options every task has, then the task's own."""
+    parser = argparse.ArgumentParser(
+        prog=f"evalbeam {spec.name}", allow_abbrev=False,
+        description=f"{spec.summary[:1].upper()}{spec.summary[1:]}. Options not listed here are "
+                    "passed to Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
+    add_input_arguments(parser, spec.input_help)
+    add_common_arguments(parser)
+    spec.add_arguments(parser)
+    return parser
+
+
+def parse_command(spec: TaskSpec, argv: list[str]):
+    """(args, config, models, slices, beam_args) of a command line; raises UsageError."""
+    args, rest = build_parser(spec).parse_known_args(argv)
+    beam_args = split_beam_args(rest)
+    if args.num_shards is not None and args.num_shards < 1:
+        raise UsageError("--num_shards must be 1 or more")
+    if not 0.0 <= args.max_rejected_fraction <= 1.0:
+        raise UsageError("--max_rejected_fraction must lie in [0, 1]")
+    models = parse_models(args.predictions)
+    slices = parse_slices(args.slice)
+    args.beam_args = beam_args       # for tasks whose config depends on them (judge workers)
+    config = spec.configure(args)
+    return args, config, models, slices, beam_args
+
+
+def run_task(spec: TaskSpec, argv: list[str] | None = None) -> int:
+    """Run one task's command line; returns the exit code (it agrees with run.json's status)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    try:
+        args, config, models, slices, beam_args = parse_command(spec, argv)
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+    return run_job(spec, config, args, models, slices, beam_args, started)
+
+
+def main_of(spec: TaskSpec) -> None:
+    """`python -m evalbeam.pipelines.<task>`: the task's command with quiet logs."""
+    from evalbeam.pipelines.cli import quiet_logs
+
+    quiet_logs()
+    sys.exit(run_task(spec))
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--groundtruths", required=True, metavar="PATH",
+                        help=f"ground truth: a path or glob ({what})")
+    parser.add_argument("--predictions", required=True, action="append", metavar="[NAME=]PATH",
+                        help="predictions of one model (repeatable); without NAME the model "
+                             "is named after the file's stem")
+
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="output folder (local path or FileSystems URI)")
+    parser.add_argument("--slice", action="append", default=[], metavar="KEY[,KEY...]",
+                        help="also compute every metric per combination of values of these ground-"
+                             "truth metadata keys (repeatable)")
+    parser.add_argument("--num_shards", type=int, default=None,
+                        help="number of datum shards (default: from the input size)")
+    parser.add_argument("--max_rejected_fraction", type=float, default=0.0, metavar="F",
+                        help="exit 0 even if up to this fraction of rows was rejected (default 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files named like evalbeam's outputs in --output even if "
+                             "evalbeam did not write them (inputs are never replaced)")
+    parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
+
+
+
+def default_num_shards(total_bytes: int) -> int:
+    """About one shard per 64 MiB of input, at least 2 (so two workers have work), at most 256."""
+    return max(2, min(256, -(-total_bytes // (64 << 20))))
+
+
+
+def _multi_process(options) -> bool:
+    all_options = options.get_all_options()
+    runner = (all_options.get("runner") or "direct").lower()
+    return runner in ("direct", "directrunner") and \
+        all_options.get("direct_running_mode") == "multi_processing"
+
+
+@contextlib.contextmanager
+def worker_stderr_filtered(enabled: bool, keep_progress: bool):
+    """On the multi-process DirectRunner, pass the worker processes' standard error through a
+    filter while the pipeline runs: only evalbeam's own lines ("evalbeam: ...", the progress)
+    go on, and none with --quiet. The workers inherit stderr, and Beam's worker start-up logs
+    at INFO, warns about optional cloud clients and prints a failing step's traceback before or
+    regardless of any level set by options; the launcher reports failures in one paragraph
+    after the run, with stderr restored. EVALBEAM_LOG_LEVEL set: nothing is filtered."""
+    if not enabled or os.environ.get("EVALBEAM_LOG_LEVEL"):
+        yield
+        return
+    import threading
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+
+    def relay():
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if keep_progress and line.startswith(b"evalbeam: "):
+                    os.write(saved, line)
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    try:
+        os.dup2(write_end, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(write_end)
+        thread.join(timeout=10)
+        os.close(saved)
+
+
+def _inputs_of(sources: dict) -> list[str]:
+    return [path for source in sources.values() for path in source.files]
+
+
+
+def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
+    """The run's warnings, why it is incomplete, and the rejection message, on stderr: what the
+    exit code means, in words, whatever --quiet says."""
+    from evalbeam.transforms.outputs import INCOMPLETE, WITH_REJECTIONS
+
+    for p in info.get("problems", []):
+        if p["severity"] == "warning":
+            print(f"evalbeam: warning: {p['message']}", file=sys.stderr)
+    errors = [p["message"] for p in info.get("problems", []) if p["severity"] == "error"]
+    if info["status"] == INCOMPLETE:
+        print(f"evalbeam: the run is incomplete (status \"incomplete\", exit 4): "
+              f"{' '.join(errors)} The outputs were written; run.json lists the problems.",
+              file=sys.stderr)
+    elif info["status"] == WITH_REJECTIONS:
+        print(rejection_message(info["counts"], info["first_rejections"], rejected_path, allowed),
+              file=sys.stderr)
+
+
+
+
+def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
+            beam_args: list[str], started: float) -> int:
+    """Everything around the task's pipeline.
+
+    Expands and checks the inputs (spec.check_source raises InputError) and the output folder,
+    all without writing anything; takes the output folder (transforms.outputs), runs the
+    pipeline (build_pipeline) on Beam, and reports: one paragraph on failure, else the task's
+    summary, the run's problems and, when too many rows were rejected, the rejection message.
+    Returns the exit code, which agrees with run.json's status (transforms.outputs.EXIT_CODES)."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from evalbeam.transforms.evaluated import FilesJob
+    from evalbeam.transforms.io import READ_ERROR, InputError, expand_source, read_json
+    from evalbeam.transforms.outputs import EXIT_CODES, RUNNING, OutputFolder
+
+    outputs = tuple(spec.extra_outputs(config))
+    folder = OutputFolder(args.output, outputs, overwrite=args.overwrite)
+    try:
+        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths,
+                                                 spec.known_formats)}
+        for name, pattern in models.items():
+            sources[name] = expand_source(name, pattern, spec.known_formats)
+        for name, source in sources.items():
+            spec.check_source(name, source, config, slices)
+        folder.check(_inputs_of(sources))
+    except InputError as error:
+        say_error(getattr(error, "message", str(error)))
+        return EXIT_USAGE
+
+    total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+                      for path in _inputs_of(sources))
+    num_shards = args.num_shards or max(spec.min_shards, default_num_shards(total_bytes))
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # multi-process and remote workers log at INFO by default; keep stderr for progress
+        beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
+    options = PipelineOptions(beam_args)
+    run_info = {
+        "task": spec.name,
+        "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
+        "models": sorted(models),
+        "sources": list(sources),
+        "slices": [list(s) for s in slices],
+        "options": dict(spec.options(config, args), num_shards=num_shards,
+                        max_rejected_fraction=args.max_rejected_fraction),
+        "runner": options.get_all_options().get("runner") or "DirectRunner",
+        "beam_args": safe_beam_args(beam_args),
+        "versions": versions(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
+    try:
+        folder.start(run_info)
+    except InputError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+    if not args.quiet:
+        print(f"evalbeam: evaluating {len(models)} model(s) over {num_shards} shard(s) "
+              f"on {run_info['runner']}", file=sys.stderr)
+    try:
+        pipeline = make_pipeline(options)
+        job = FilesJob(sources, tuple(sorted(models)), tuple(slices), num_shards, args.quiet,
+                       started, folder.temp)
+        build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction)
+        with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
+            pipeline.run().wait_until_finish()
+    except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
+        text = str(error)
+        if READ_ERROR in text:   # an input that broke off while being read: not a bug
+            reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
+            reason = re.sub(r" \[while running '.*'\]$", "", reason)
+            code, kind = EXIT_USAGE, "the run stopped on its input"
+        else:
+            reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
+            code, kind = EXIT_FAILED, "the pipeline failed"
+        run_info.update(error=reason, wall_time_seconds=round(time.time() - started, 3))
+        folder.fail(run_info)
+        say_error(f"{kind} ({reason}). No metrics were written; {folder.final('run.json')} "
+                  f"records the failure.")
+        return code
+    info = read_json(folder.final("run.json"))
+    if info.get("status") == RUNNING:
+        # A runner that returns before the job ends (e.g. a Dataflow flex template launch).
+        print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
+              "finishes (run.json says \"running\" until then).", file=sys.stderr)
+        return EXIT_OK
+    if not args.quiet:
+        print(spec.summarize(folder.final("metrics.jsonl"), info, config))
+        scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
+                         if name.split(".")[0] + "_written" in info)
+        print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
+              f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
+              f"Wall time {info['wall_time_seconds']:.1f} s.")
+    report_problems(info, folder.final("rejected.jsonl"), args.max_rejected_fraction)
+    return EXIT_CODES[info["status"]]
+
+
+def build_pipeline(pipeline, spec: TaskSpec, config, job, folder, run_info: dict,
+                   max_rejected_fraction: float) -> None:
+    """Add the task's job to `pipeline`: its PTransform on files, then metrics.jsonl and
+    rejected.jsonl in their orders, then one step that checks the counts, judges the run and
+    publishes everything with run.json (transforms.outputs.finalize_run) after every output is
+    written."""
+    import apache_beam as beam
+
+    from evalbeam.transforms.io import WriteJsonl
+    from evalbeam.transforms.outputs import reject_sort_key
+
+    out = pipeline | spec.title >> spec.files_transform()(config, job)
+    n_metrics = out.metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"),
+                                                           spec.plumbing().record_sort_key)
+    n_rejected = out.rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"),
+                                                             reject_sort_key)
+    extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
+    report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
+    _ = (out.stats
+         | "SumStats" >> beam.CombinePerKey(sum)
+         | "GatherStats" >> beam.combiners.ToList()
+         | "Publish" >> beam.Map(_publish, beam.pvalue.AsSingleton(n_metrics),
+                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info,
+                                 job.started, max_rejected_fraction, *extra,
+                                 problems=beam.pvalue.AsList(out.problems), report=report))
+
+
+def _publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
+             *n_rows, problems=(), report=None):
+    from evalbeam.transforms.outputs import finalize_run
+
+    if report:
+        run_info = dict(run_info, **report)
+    return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
+                        max_rejected_fraction, *n_rows, problems=list(problems))
+

@@ -1,0 +1,75 @@
+"""The task contract: what a task declares, so that one launcher can run it.
+
+Every task (pipelines/<task>.py) defines one `TaskSpec` named SPEC; pipelines/registry.py lists
+them, `evalbeam <task>` and `python -m evalbeam.pipelines.<task>` run them through
+pipelines/launcher.py, which does everything that is the same for every task once: the common
+arguments and their checks, the inputs, the output folder, the Beam pipeline's writing and
+publishing steps, run.json, the printed summary and the exit code. See pipelines/DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _no_extra_outputs(config) -> tuple:
+    return ()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task, declared.
+
+    name: the command (`evalbeam <name>`); summary: one line for `evalbeam --help`;
+    input_help: what --groundtruths / --predictions files are, for --help;
+    add_arguments(parser): the task's own options;
+    configure(args) -> config: the task's configuration (transforms.kernels.<task>.<Task>Config)
+      from the parsed options (args.beam_args: the Beam options); raises pipelines.common.UsageError for a command line that
+      cannot run (nothing has been read or written yet);
+    options(config, args) -> dict: the task's options as run.json records them;
+    check_source(name, source, config, slices): checks one input source before anything is
+      written (slices: the --slice key tuples);
+      raises transforms.io.InputError;
+    transforms: the module of the task's Beam plumbing (evalbeam.transforms.<task>), imported
+      only when the task runs. It defines, by these names: Evaluate<Task>Files(config, job), the
+      PTransform on files that the launcher applies (returns a transforms.evaluated.Evaluated);
+      Evaluate<Task>, the PTransform on PCollections of row dicts for users' own pipelines; and
+      record_sort_key(record), the order of metrics.jsonl;
+    summarize(metrics_path, info, config) -> str: the table printed after a run (info: run.json);
+    extra_outputs(config) -> file names the task writes besides metrics.jsonl, rejected.jsonl
+      and run.json (scores.jsonl, per_query.jsonl);
+    min_shards: the fewest datum shards by default; known_formats: inputs must be .jsonl or
+      .parquet files (False: the task reads other formats, e.g. TREC files)."""
+
+    name: str
+    summary: str
+    input_help: str
+    add_arguments: Callable
+    configure: Callable
+    options: Callable
+    check_source: Callable
+    transforms: str
+    summarize: Callable
+    extra_outputs: Callable = _no_extra_outputs
+    min_shards: int = 1
+    known_formats: bool = True
+
+    def plumbing(self):
+        return importlib.import_module(self.transforms)
+
+    @property
+    def title(self) -> str:
+        return self.name.capitalize()
+
+    def files_transform(self):
+        """Evaluate<Task>Files, the class."""
+        return getattr(self.plumbing(), f"Evaluate{self.title}Files")
+
+    def pcollection_transform(self):
+        """Evaluate<Task>, the class."""
+        return getattr(self.plumbing(), f"Evaluate{self.title}")
+
+    def record_key(self, record: dict):
+        return self.plumbing().record_sort_key(record)

@@ -1,0 +1,49 @@
+"""The one CombineFn of every task (MergeStates), and the step after it (records_of).
+
+A task's state (transforms/kernels/<task>.py) has copy() -> a new state and merge(other) ->
+self with other added. Merging is exact and order-free (integer counts, exact sums, states
+sorted by a total order when read), so any bundling and any worker count give the same state.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+
+
+class MergeStates(beam.CombineFn):
+    """Combines partial states that have copy() and merge(); None is the empty state."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, state):
+        return state.copy() if acc is None else acc.merge(state)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for acc in accs:
+            if acc is not None:
+                out = acc.copy() if out is None else out.merge(acc)
+        return out
+
+    def compact(self, acc):
+        return acc.compact() if acc is not None and hasattr(acc, "compact") else acc
+
+    def extract_output(self, acc):
+        return self.compact(acc)
+
+
+def records_of(element, state_records, *args, **kwargs):
+    """((model, slice JSON), merged state) -> the records of state_records(state, *args,
+    **kwargs) (a kernel's function, records without model and slice), each with "model" and
+    "slice" added last; nothing for an empty (None) state."""
+    (model, slice_json), state = element
+    if state is None:
+        return
+    slice_value = json.loads(slice_json)
+    for record in state_records(state, *args, **kwargs):
+        record["model"] = model
+        record["slice"] = slice_value
+        yield record
