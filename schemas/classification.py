@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalbeam.schemas.rows import POSITION, REASON, SLICE_PREFIX
-from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.schemas.hashing import fnv1a_64
 
 
 @dataclass

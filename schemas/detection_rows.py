@@ -24,7 +24,7 @@ from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coord
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
 from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import slice_value_problem
-from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.masks import Raster, geometry_area
 
 _FLOAT_MAX = sys.float_info.max

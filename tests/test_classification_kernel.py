@@ -24,7 +24,7 @@ from evalbeam.transforms.kernels.classification import (
     match_key,
 )
 from evalbeam.transforms.kernels.examples import ExampleSet, first_k, record_layers
-from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
 
 NONE = "__none__"

@@ -470,7 +470,7 @@ def test_true_negatives_differ_from_valor_lite_as_documented():
     from valor_lite.classification import Classification, Loader
 
     from evalbeam.transforms.kernels.classification import ClassificationConfig, key_metrics, match_key
-    from evalbeam.transforms.kernels.hashing import fnv1a_64
+    from evalbeam.schemas.hashing import fnv1a_64
 
     data = [("d1", "cat", {"cat": 0.7, "dog": 0.3}),
             ("d2", "dog", {"dog": 0.6, "bird": 0.4}),

@@ -32,7 +32,7 @@ from evalbeam.transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VAL
                                           accumulate_binned, coco_state, detailed_curve,
                                           pair_box_iou, summarize, valor_counts, valor_metrics)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
-from evalbeam.transforms.kernels.hashing import fnv1a_64
+from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.masks import as_polygon, geometry_area, pair_geometry_iou, pair_mask_iou
 
 GROUNDTRUTHS = "groundtruths"

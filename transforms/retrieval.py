@@ -34,7 +34,7 @@ from evalbeam.transforms.evaluated import Evaluated
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
                            merge_sorted_parts, open_input)
 from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
-from evalbeam.transforms.kernels.hashing import fnv1a_64, shard_of
+from evalbeam.schemas.hashing import fnv1a_64, shard_of
 from evalbeam.transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
 
 GROUNDTRUTHS = "groundtruths"

@@ -24,7 +24,7 @@ from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadError, ReadFiles,
                            parse_rows, read_pcollections, unique_rows)
-from evalbeam.transforms.kernels.hashing import uid_shards
+from evalbeam.schemas.hashing import uid_shards
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
                                              label_ids, pixel_confusion, segmentation_metrics)
 

@@ -23,7 +23,7 @@ from evalbeam.transforms.judge.report import judge_problems, judge_report
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
                            merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
 from evalbeam.transforms.judge.session import merge_counters
-from evalbeam.transforms.kernels.hashing import uid_shards
+from evalbeam.schemas.hashing import uid_shards
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.kernels.text_scores import LOCAL_METRICS, TextConfig, TextState, score_datum
 
