@@ -15,6 +15,7 @@ from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
+from evalbeam.transforms.kernels.detection import COCO, DetectionConfig, Protocol
 
 TASK = "detection"
 
@@ -58,9 +59,7 @@ def is_coco_name(path: str) -> bool:
 
 
 def configure(args):
-    """A DetectionConfig (transforms.detection) from the options."""
-    from evalbeam.transforms.detection import COCO, DetectionConfig, Protocol
-
+    """A DetectionConfig (transforms.kernels.detection) from the options."""
     native = (format_of(args.groundtruths) in ("jsonl", "parquet")
               and not is_coco_name(args.groundtruths))
     if args.protocol is None:

@@ -18,7 +18,7 @@ from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
-from evalbeam.transforms.kernels.text_scores import LOCAL_METRICS, TextConfig
+from evalbeam.transforms.kernels.text import LOCAL_METRICS, TextConfig
 
 TASK = "text"
 # scoring is the work: enough shards for the workers to share it, and for bounded memory per shard

@@ -25,7 +25,6 @@ from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
 from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.transforms.kernels.masks import Raster, geometry_area
 
 _FLOAT_MAX = sys.float_info.max
 
@@ -44,6 +43,46 @@ class RowIndex:
         index = np.asarray(index, dtype=np.int64)
         return RowIndex(self.image_id[index], [self.uid[i] for i in index], self.position[index],
                         self.file_id[index])
+
+
+class Raster:
+    """A native raster annotation: a compressed COCO RLE ({"size": [h, w], "counts": bytes}).
+    Pixel (row y, column x) is the unit square [x, x + 1] x [y, y + 1], so its polygon form
+    (transforms.kernels.masks.as_polygon) has exactly the mask's area and a raster's IoU is the same in either form."""
+
+    __slots__ = ("rle",)
+
+    def __init__(self, rle: dict):
+        self.rle = rle
+
+    def __reduce__(self):
+        return Raster, (self.rle,)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return tuple(self.rle["size"])
+
+    @property
+    def area(self) -> float:
+        from pycocotools import mask as mask_utils
+
+        return float(mask_utils.area(self.rle))
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(xmin, ymin, xmax, ymax) of the set pixels (zeros for an empty mask)."""
+        from pycocotools import mask as mask_utils
+
+        x, y, w, h = (float(v) for v in mask_utils.toBbox(self.rle))
+        return x, y, x + w, y + h
+
+
+def geometry_area(geometries: list) -> np.ndarray:
+    """float64 areas of shapely geometries and Rasters (pixel counts)."""
+    import shapely
+
+    return np.array([g.area if isinstance(g, Raster) else shapely.area(g) for g in geometries],
+                    dtype=np.float64)
 
 
 def stable_id(texts: list[str]) -> np.ndarray:

@@ -1,11 +1,12 @@
-"""Reading mask and label-map files (PNG or any image Pillow reads, or NumPy .npy) through
-transforms.io.open_input (Beam's FileSystems), so local paths, gs:// and s3:// work the same
-inside workers.
+"""Mask and label-map files (PNG or any image Pillow reads, or NumPy .npy): the checks and the
+decoding of a file's bytes once read. Reading them (through Beam's FileSystems, so local paths,
+gs:// and s3:// work the same inside workers) is transforms/mask_files.py's read_array.
 
 A file named by a row is untrusted, so reading one costs bounded work (schemas/limits.py):
 - local paths must be regular files: a FIFO would block the worker forever, a device such as
-  /dev/zero never ends (open_input refuses both);
-- at most `max_mask_bytes` bytes are read: a longer file is refused without reading the rest;
+  /dev/zero never ends (transforms.io.open_input refuses both);
+- at most `max_mask_bytes` bytes are read: a longer file is refused without reading the rest
+  (the reader reads one byte past the bound; array_of_bytes refuses such data);
 - the image's height x width, taken from the PNG or .npy header before any pixel is decoded,
   must be at most `max_pixels`: a small file can claim a size that would take all memory.
 Every refusal is a MaskFileError whose message becomes the rejection reason of the row.
@@ -29,12 +30,17 @@ class MaskFileError(Exception):
     and becomes the rejection reason of the row."""
 
 
-def read_array(uri: str, limits: ImageLimits = ImageLimits(), what: str = "mask_uri") -> np.ndarray:
-    """A 2-D integer or bool array from a .npy file or a single-channel image (8- or 16-bit
-    grey, or palette indices). Colour images are refused: a label map must hold class ids.
-    `what` names the file in messages ("mask_uri", "label_map_uri")."""
+def array_of_bytes(data: bytes, uri: str, limits: ImageLimits = ImageLimits(),
+                   what: str = "mask_uri") -> np.ndarray:
+    """A 2-D integer or bool array from the bytes of a .npy file or a single-channel image (8- or
+    16-bit grey, or palette indices) named `uri`. Colour images are refused: a label map must
+    hold class ids. data holds more than limits.max_mask_bytes bytes: refused (the reader read
+    one byte past the bound to tell). `what` names the file in messages ("mask_uri",
+    "label_map_uri")."""
     name = f"{what} {uri}"
-    data = _read_bounded(uri, limits.max_mask_bytes, what)
+    problem = file_size_problem(len(data), limits.max_mask_bytes, name)
+    if problem:
+        raise MaskFileError(problem)
     if uri.lower().endswith(".npy"):
         array = _npy_array(data, limits.max_pixels, name)
     else:
@@ -42,24 +48,6 @@ def read_array(uri: str, limits: ImageLimits = ImageLimits(), what: str = "mask_
     if array.ndim != 2:
         raise MaskFileError(f"{name} has shape {list(array.shape)}; a mask or label map is 2-D")
     return array
-
-
-def _read_bounded(uri: str, max_bytes: int, what: str) -> bytes:
-    """The whole file, read through open_input, or MaskFileError when it is not a regular file,
-    cannot be opened, or holds more than max_bytes (one byte past the bound is read to tell)."""
-    from evalbeam.transforms.io import InputError, open_input
-
-    try:
-        with open_input(uri) as stream:
-            data = stream.read(max_bytes + 1)
-    except InputError as error:   # missing, not a regular file, truncated compressed data
-        raise MaskFileError(f"{what}: {getattr(error, 'message', error)}") from None
-    except Exception as error:  # permissions, bad scheme, remote errors: say which and why
-        raise MaskFileError(f"cannot read {what} {uri}: {_first_line(error)}") from None
-    problem = file_size_problem(len(data), max_bytes, f"{what} {uri}")
-    if problem:
-        raise MaskFileError(problem)
-    return data
 
 
 def _npy_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
@@ -74,7 +62,7 @@ def _npy_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
         read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, _, dtype = read_header(stream)
     except Exception as error:
-        raise MaskFileError(f"{name} is not a NumPy .npy array: {_first_line(error)}") from None
+        raise MaskFileError(f"{name} is not a NumPy .npy array: {first_line(error)}") from None
     if dtype.kind not in "biu":
         raise MaskFileError(f"{name} holds {dtype} values; masks and label maps hold integers or "
                             "booleans")
@@ -90,7 +78,7 @@ def _npy_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)
     except Exception as error:
-        raise MaskFileError(f"{name} is not a NumPy .npy array: {_first_line(error)}") from None
+        raise MaskFileError(f"{name} is not a NumPy .npy array: {first_line(error)}") from None
 
 
 def _image_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
@@ -110,7 +98,7 @@ def _image_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
                             "Pillow reads)") from None
     except Exception as error:
         what = "a damaged PNG file" if png else "not a readable image"
-        raise MaskFileError(f"{name} is {what}: {_first_line(error)}") from None
+        raise MaskFileError(f"{name} is {what}: {first_line(error)}") from None
     with image:
         problem = image_size_problem(image.height, image.width, max_pixels, name)
         if problem:
@@ -121,8 +109,8 @@ def _image_array(data: bytes, max_pixels: int, name: str) -> np.ndarray:
         try:
             return np.asarray(image)
         except Exception as error:   # truncated or corrupt pixel data
-            raise MaskFileError(f"{name} cannot be decoded: {_first_line(error)}") from None
+            raise MaskFileError(f"{name} cannot be decoded: {first_line(error)}") from None
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -8,6 +8,9 @@ Fields are separated by any run of ASCII whitespace (space, tab, CR, VT, FF); bl
 skipped.
 JSONL qrels: {"query_id": str, "doc_id": str, "relevance": int, "metadata"?: object};
 JSONL run: {"query_id": str, "doc_id": str, "score": number}. Other keys are ignored.
+Row dicts of a user's PCollection (transforms.retrieval.EvaluateRetrieval) are the JSONL rows,
+parsed: dict_row_problem checks them as JSONL lines are checked, slice_values reads their
+--slice values.
 
 Columns: ids are Arrow string columns (pa.ChunkedArray of pa.string(), one chunk or more per
 block read: 10 M ids stay in a few buffers where a numpy object array would hold 10 M Python
@@ -50,8 +53,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from evalbeam.schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES, loads_row
-from evalbeam.transforms.kernels.retrieval import iter_string_words, string_width
+from evalbeam.schemas.rows import canonical_json
+from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, lone_surrogate, loads_row,
+                                         slice_value_problem, surrogate_reason)
 
 FORMATS = ("trec", "jsonl")
 BLOCK_BYTES = 64 << 20
@@ -403,6 +407,40 @@ def json_row(raw: bytes, kind: str) -> tuple[dict | None, str | None]:
     return (None, problem) if problem else (row, None)
 
 
+def dict_row_problem(row, kind: str) -> str | None:
+    """Why a row dict of a user's PCollection is not a valid qrels (kind "qrels") or run ("run")
+    row, or None: the checks json_row makes on a parsed JSONL line (a lone surrogate anywhere in
+    the row, then the fields). A Python int too large for a float is out of range, not an error."""
+    value_name = _JSON_VALUE[kind][0]
+    where = lone_surrogate(row) if isinstance(row, dict) else None
+    if where is not None:
+        return surrogate_reason(where)
+    try:
+        return _json_row_problem(row, kind, value_name)
+    except OverflowError:
+        return f"{value_name} is out of range"
+
+
+def slice_values(row: dict, keys: list[str]) -> tuple[tuple | None, str | None]:
+    """The --slice values a valid qrels row gives its query: (canonical JSON of metadata[key] for
+    each key, None) when the row's "metadata" is an object, (None, None) when it is not (the row
+    gives none), and (None, reason) when a value cannot name a slice (the row is rejected): NaN
+    or infinite, as read_slices (transforms/retrieval.py) finds in JSONL files, or not JSON."""
+    metadata = row.get("metadata")
+    if not isinstance(metadata, dict):
+        return None, None
+    reason = next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
+    if reason:
+        return None, reason
+    values = []
+    for key in keys:
+        try:
+            values.append(canonical_json(metadata.get(key)))
+        except (TypeError, ValueError, RecursionError) as error:
+            return None, f"metadata {key!r} cannot be written as JSON: {type(error).__name__}"
+    return tuple(values), None
+
+
 def _json_row_problem(row, kind: str, value_name: str) -> str | None:
     if not isinstance(row, dict):
         return "row must be a JSON object"
@@ -432,6 +470,93 @@ def _json_row_problem(row, kind: str, value_name: str) -> str | None:
         if not math.isfinite(value):
             return f"score {value!r} is not finite"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow strings as 8-byte words: the pair hash below, and the kernel's id codes
+# (transforms/kernels/retrieval.py encode_ids), read ids this way.
+
+def as_strings(values) -> pa.Array | pa.ChunkedArray:
+    """Arrow strings (string or large_string, chunked or not) from Arrow arrays, numpy arrays or
+    lists; Arrow input is returned as it is."""
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = pa.array(values if isinstance(values, list) else np.asarray(values, dtype=object),
+                          pa.string())
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise TypeError(f"expected strings, got {values.type}")
+    return values
+
+
+def string_lengths(strings) -> tuple[int, int]:
+    """(shortest, longest) byte length, (0, 0) when empty."""
+    shortest, longest = None, 0
+    for chunk in string_chunks(as_strings(strings)):
+        lengths = np.diff(string_layout(chunk)[0])
+        low = int(lengths.min())
+        shortest = low if shortest is None else min(shortest, low)
+        longest = max(longest, int(lengths.max()))
+    return shortest or 0, longest
+
+
+def string_width(strings, skip: int = 0) -> int:
+    """Words needed by the longest string after skip bytes (at least 1)."""
+    return max(1, -(-(string_lengths(strings)[1] - skip) // 8))
+
+
+def iter_string_words(strings, width: int, skip: int = 0, rows: int = 1 << 16):
+    """Each string as `width` big-endian 8-byte words (skip: bytes left out at the start of
+    every string; bytes past a string's end are 0), so that comparing word tuples compares the
+    bytes; a slice of rows at a time, to use the words without holding all of them. Yields (lo,
+    hi, words of rows lo..hi-1, their lengths after skip, whether they hold a 0 byte)."""
+    lo = 0
+    for chunk in string_chunks(as_strings(strings)):
+        offsets, data = string_layout(chunk)
+        if data.size < 8:
+            data = np.r_[data, np.zeros(8, np.uint8)]
+        # One unaligned big-endian word starting at every byte of the buffer, read without a
+        # copy. The few reads that would pass the end of the buffer come from a padded copy.
+        at_byte = np.ndarray(shape=(data.size - 7,), dtype=">u8", buffer=data, strides=(1,))
+        tail_from = data.size - 8
+        tail = np.r_[data[tail_from:], np.zeros(8 * width, np.uint8)]
+        at_tail = np.ndarray(shape=(tail.size - 7,), dtype=">u8", buffer=tail, strides=(1,))
+        for first in range(0, offsets.size - 1, rows):
+            bounds = offsets[first: first + rows + 1]
+            used = data[int(bounds[0]):int(bounds[-1])]
+            lengths = np.diff(bounds).astype(np.int64) - skip
+            position = bounds[:-1].astype(np.int64) + skip
+            words = []
+            for j in range(width):
+                past_end = position > tail_from
+                if past_end.any():
+                    word = at_byte[np.where(past_end, 0, position)].astype(np.uint64)
+                    word[past_end] = at_tail[position[past_end] - tail_from]
+                else:
+                    word = at_byte[position].astype(np.uint64)
+                remaining = lengths - 8 * j
+                if not (remaining >= 8).all():
+                    # Keep the word's first `remaining` bytes: numpy shifts uint64 by 64 to 0.
+                    shift = (64 - 8 * np.clip(remaining, 0, 8)).astype(np.uint64)
+                    word >>= shift
+                    word <<= shift
+                words.append(word)
+                position += 8
+            yield lo, lo + lengths.size, words, lengths, bool(used.size and not used.all())
+            lo += lengths.size
+
+
+def string_chunks(strings) -> list[pa.Array]:
+    """The non-empty chunks of Arrow strings (chunked or not)."""
+    chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
+    return [c for c in chunks if len(c)]
+
+
+def string_layout(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data bytes) of an Arrow string array, as numpy views."""
+    _, offsets_buf, data_buf = chunk.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, offset_type)[chunk.offset: chunk.offset + len(chunk) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,6 +617,12 @@ def duplicate_reason(query: str, doc: str, lines, files=None) -> str:
     if len(places) > MAX_LINES_LISTED:
         listed += f", ... ({len(places)} copies)"
     return f"duplicate (query, doc) pair ({query!r}, {doc!r}) {where} {listed}"
+
+
+def duplicate_rows_reason(query: str, doc: str, copies: int, source: str) -> str:
+    """The reason written for every copy of a pair repeated in the rows of a user's PCollection
+    (rows there have no file or line)."""
+    return f"duplicate (query, doc) pair ({query!r}, {doc!r}): {copies} rows of {source}"
 
 
 def without_rows(columns, rows: np.ndarray):

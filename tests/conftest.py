@@ -1,48 +1,11 @@
-"""Shared test helpers: writing inputs, running the CLI in-process or as a subprocess."""
+"""Fixtures every test folder shares; plain helpers are in helpers.py (importable from any test
+folder: this file's folder, tests/, is on sys.path while the tests run)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-MULTIPROCESS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
-
-
-def write_jsonl(path, rows) -> str:
-    """Write rows (dicts, or raw strings written as they are) one per line; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as out:
-        for row in rows:
-            out.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return str(path)
-
-
-def read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as stream:
-        return [json.loads(line) for line in stream if line.strip()]
-
-
-def run_classification(args: list[str]) -> int:
-    """Run `evalbeam classification ARGS` in this process; returns the exit code."""
-    from evalbeam.pipelines.classification import run
-
-    return run([str(a) for a in args])
-
-
-def run_cli_subprocess(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `python -m evalbeam.pipelines.cli ARGS` in a fresh interpreter (to see stderr as a user does)."""
-    env = dict(os.environ)
-    env.setdefault("PYTHONPATH", str(ROOT))
-    return subprocess.run([sys.executable, "-m", "evalbeam.pipelines.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+from helpers import SHARED
 
 
 @pytest.fixture

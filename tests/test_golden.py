@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import MULTIPROCESS
+from helpers import MULTIPROCESS
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "golden"))
 from cases import CASES, EXPECTED, KEPT, REFERENCE, command, needs_reference, normalise, output_folder  # noqa: E402

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import MULTIPROCESS, write_jsonl
+from helpers import MULTIPROCESS, write_jsonl
 
 USER_PIPELINE = '''
 import sys

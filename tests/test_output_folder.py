@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_jsonl, run_classification, run_cli_subprocess, write_jsonl
+from helpers import ROOT, read_jsonl, run_classification, run_cli_subprocess, write_jsonl
 
 
 def small_dataset(folder: Path, n: int = 40) -> dict:

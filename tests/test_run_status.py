@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess, write_jsonl
 
 
 def gt(i, value, region=None):

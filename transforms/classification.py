@@ -1,12 +1,13 @@
-"""Beam building blocks of classification: shard matching, the CombineFn, the composites.
+"""Beam plumbing of classification: reading, shard matching, merging, the composites.
 
-Data flow (see DESIGN.md): rows of every source are validated and split by shard (ReadRows or
-RowsFromDicts) -> GroupByKey(shard) -> MatchShard joins ground truths and each model's predictions
-of the shard and runs the numpy kernel per (model, slice) -> CombinePerKey(ClassificationCombineFn)
-adds the partial states -> records. Beside it, Vocabularies collects each source's label values
-(bounded: a key with more values than ClassificationConfig.value_limit is only marked as such and
-is not evaluated), their union for the kernels, and the run's findings on them
-(vocabulary_problems).
+Data flow (see pipelines/DESIGN.md): rows of every source are validated and split by shard
+(ReadClassificationFiles, or ClassificationRowsFromDicts for a user's PCollections) ->
+GroupByKey(shard) -> MatchClassification joins ground truths and each model's predictions of the
+shard and runs the numpy kernel per (model, slice) into a ClassificationState ->
+CombinePerKey(MergeStates) adds the partial states -> records_of(state_records). Beside it,
+Vocabularies collects each source's label values (bounded: a key with more values than
+ClassificationConfig.value_limit is only marked as such and is not evaluated), their union for the
+kernels, and the run's findings on them (vocabulary_problems).
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from evalbeam.schemas.classification import LabelRows, validate, vocabulary
-from evalbeam.schemas.formats import dict_rows_table, position_name
-from evalbeam.schemas.rows import (CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, canonical_json,
-                          reject)
-from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn, ReadFiles,
-                           ReadRows)
-from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig, KeyState,
-                                               key_metrics, match_key)
+from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
+                                                  CLASSIFICATION_PREDICTION, LabelRows,
+                                                  dict_rows_table, parquet_tables,
+                                                  parse_jsonl_block, validate, vocabulary)
+from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn,
+                                    ReadFiles, open_input)
+from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig,
+                                                        ClassificationState, match_key,
+                                                        state_records)
+from evalbeam.transforms.merge import MergeStates, records_of
 
 GROUNDTRUTHS = "groundtruths"
-# Output type of MatchShard, which also emits tagged outputs (Beam cannot infer it).
+# Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -49,7 +54,7 @@ def validate_table(table: pa.Table, file_id: int, max_labels: int | None = None)
 
 
 def no_vocabulary(rows: LabelRows) -> dict:
-    """For ReadRows' vocabulary output, which this task does not use: Vocabularies reads the
+    """For ReadClassificationFile' vocabulary output, which this task does not use: Vocabularies reads the
     values of each source from the shard pieces, where the source is known."""
     return {}
 
@@ -201,12 +206,12 @@ def slice_groups(gt: LabelRows, slice_specs: list[tuple[str, ...]]) -> list[tupl
     return groups
 
 
-class MatchShard(ProgressDoFn):
-    """(shard, [(source, rows), ...]) -> ((model, slice JSON), {label key: KeyState}).
+class MatchClassification(ProgressDoFn):
+    """(shard, [(source, rows), ...]) -> ((model, slice JSON), ClassificationState).
 
     Rejects here what only the whole shard can show: a datum_uid repeated within one source
     (every copy is rejected, so the result does not depend on which copy came first) and
-    predictions whose datum has no valid ground truth. Tagged outputs as in ReadRows."""
+    predictions whose datum has no valid ground truth. Tagged outputs as in ReadClassificationFile."""
 
     def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
                  files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int):
@@ -310,11 +315,11 @@ class MatchShard(ProgressDoFn):
         self.progress.say("match", f"matched shard {shard} ({self.matched} in this worker, "
                                    f"{self.num_shards} in all)")
 
-    def _slice_state(self, gt, gt_values, entries, rows, vocab) -> dict[str, KeyState]:
+    def _slice_state(self, gt, gt_values, entries, rows, vocab) -> ClassificationState:
         position = np.full(len(gt), -1, dtype=np.int64)
         position[rows] = np.arange(rows.size)
         uid = gt.uid.take(pa.array(rows))
-        states = {}
+        state = ClassificationState(self.config)
         for key, column in gt_values.items():
             sub_gt = column[rows]
             if key in entries:
@@ -325,56 +330,9 @@ class MatchShard(ProgressDoFn):
                 d, v, s = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0)
             if not (sub_gt >= 0).any() and not d.size:
                 continue
-            states[key] = match_key(sub_gt, gt.hash[rows], uid, d, v, s, len(vocab[key]), self.config)
-        return states
-
-
-class ClassificationCombineFn(beam.CombineFn):
-    """Adds {label key: KeyState} partial states; exact (integer counts, merged histograms)."""
-
-    def __init__(self, config: ClassificationConfig):
-        self.config = config
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, acc, partial):
-        for key, state in partial.items():
-            if key in acc:
-                acc[key].merge(state, self.config)
-            else:
-                acc[key] = state.copy()
-        return acc
-
-    def merge_accumulators(self, accs):
-        accs = iter(accs)
-        out = next(accs)
-        for acc in accs:
-            for key, state in acc.items():
-                if key in out:
-                    out[key].merge(state, self.config)
-                else:
-                    out[key] = state
-        return out
-
-    def compact(self, acc):
-        for state in acc.values():
-            state.compact()
-        return acc
-
-    def extract_output(self, acc):
-        return self.compact(acc)
-
-
-def to_records(element, vocab, config: ClassificationConfig):
-    """((model, slice JSON), {key: KeyState}) -> metric records with model and slice."""
-    (model, slice_json), states = element
-    slice_value = json.loads(slice_json)
-    for key in sorted(states):
-        for record in key_metrics(states[key], key, vocab[key], config):
-            record["model"] = model
-            record["slice"] = slice_value
-            yield record
+            state.add_key(key, match_key(sub_gt, gt.hash[rows], uid, d, v, s, len(vocab[key]),
+                                         self.config))
+        return state
 
 
 TYPE_ORDER = {name: i for i, name in enumerate(METRIC_TYPES)}
@@ -390,30 +348,25 @@ def record_sort_key(record: dict):
             canonical_json(params))
 
 
-class MatchAndCombine(beam.PTransform):
-    """Shard pieces (shard, (source, rows)) + vocabulary -> metric records, rejects, stats."""
-
-    def __init__(self, config, models, slice_specs, files, quiet, started, num_shards):
-        super().__init__()
-        self.match = MatchShard(config, models, slice_specs, files, quiet, started, num_shards)
-        self.config = config
-
-    def expand(self, inputs):
-        pieces, vocab = inputs
-        vocab_view = beam.pvalue.AsSingleton(vocab)
-        matched = (pieces
-                   | "GroupByShard" >> beam.GroupByKey()
-                   | "MatchShard" >> beam.ParDo(self.match, vocab_view)
-                   .with_output_types(PARTIAL).with_outputs(
-                       TAG_REJECTED, TAG_STATS, main="partials"))
-        records = (matched.partials
-                   | "Combine" >> beam.CombinePerKey(ClassificationCombineFn(self.config))
-                   | "Records" >> beam.FlatMap(to_records, vocab_view, self.config))
-        return records, matched[TAG_REJECTED], matched[TAG_STATS]
+def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
+              started, num_shards):
+    """The shared tail: shard pieces (shard, (source, rows)) and the vocabulary (a singleton)
+    matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
+    stats) of the matching step."""
+    vocab_view = beam.pvalue.AsSingleton(vocab)
+    matched = (pieces
+               | "GroupByShard" >> beam.GroupByKey()
+               | "Match" >> beam.ParDo(MatchClassification(
+                   config, models, slice_specs, files, quiet, started, num_shards), vocab_view)
+               .with_output_types(PARTIAL).with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+    records = (matched.partials
+               | "Combine" >> beam.CombinePerKey(MergeStates())
+               | "Records" >> beam.FlatMap(records_of, state_records, vocab_view, config))
+    return records, matched[TAG_REJECTED], matched[TAG_STATS]
 
 
-class RowsFromDicts(beam.DoFn):
-    """(source, [row dict, ...]) batches -> shard pieces, like ReadRows for files."""
+class ClassificationRowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> shard pieces, like ReadClassificationFile for files."""
 
     def __init__(self, slice_keys: list[str], num_shards: int, max_labels: int | None = None):
         self.slice_keys = slice_keys
@@ -456,8 +409,8 @@ class EvaluateClassificationFiles(beam.PTransform):
         per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
         problems = per_source | "LabelProblems" >> beam.FlatMap(
             vocabulary_problems, list(job.models), config)
-        records, match_rejects, match_stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
-            config, list(job.models), list(job.slices),
+        records, match_rejects, match_stats = _evaluate(
+            pieces, vocab, config, list(job.models), list(job.slices),
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards)
         rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
         stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
@@ -495,20 +448,72 @@ class EvaluateClassification(beam.PTransform):
                 pcolls[name]
                 | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
                 | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                | f"Shard[{name}]" >> beam.ParDo(RowsFromDicts(
+                | f"Shard[{name}]" >> beam.ParDo(ClassificationRowsFromDicts(
                     slice_keys, self.num_shards, self.config.labels_per_row_limit))
                 .with_output_types(SHARD_PIECE).with_outputs(
                     TAG_REJECTED, TAG_STATS, main="pieces"))
         pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
         _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config)
         vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, self.config)
-        records, rejected, stats = (pieces, vocab) | "Evaluate" >> MatchAndCombine(
-            self.config, models, self.slices, {}, True, 0.0, self.num_shards)
+        records, rejected, stats = _evaluate(pieces, vocab, self.config, models, self.slices, {},
+                                             True, 0.0, self.num_shards)
         if not self.with_diagnostics:
             return records
         rejected = ([o[TAG_REJECTED] for o in outputs] + [rejected]) | "Rejected" >> beam.Flatten()
         stats = ([o[TAG_STATS] for o in outputs] + [stats]) | "Stats" >> beam.Flatten()
         return records, rejected, stats
+
+
+class ReadClassificationFile(ProgressDoFn):
+    """(source name, file id) -> validated rows split by shard.
+
+    Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
+    outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n), TAG_VOCAB
+    {label key: set of values}. `validate(table, file_id)` is the task's validation function
+    (a module-level function, so the DoFn pickles)."""
+
+    def __init__(self, sources: dict, schemas: dict, validate, vocabulary,
+                 slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+        super().__init__(quiet, started)
+        self.sources = sources
+        self.schemas = schemas
+        self.validate = validate
+        self.vocabulary = vocabulary
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def process(self, element):
+        name, file_id = element
+        source = self.sources[name]
+        path = source.files[file_id]
+        schema = self.schemas[name]
+        position = position_name(path)
+        slice_keys = self.slice_keys if name == "groundtruths" else []
+        read = 0
+        with open_input(path) as stream:
+            if format_of(path) == "parquet":
+                tables = ((table, []) for table in parquet_tables(stream, schema, slice_keys))
+            else:
+                tables = (parse_jsonl_block(block, first, schema, slice_keys)
+                          for block, first in jsonl_blocks(stream))
+            for table, unparsed in tables:
+                rows, rejects = self.validate(table, file_id)
+                for line, reason in unparsed:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_REJECTED, reject(name, path, line, reason, None, position))
+                for line, uid, reason in rejects:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_REJECTED, reject(name, path, line, reason, uid, position))
+                n = table.num_rows + len(unparsed)
+                read += n
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n))
+                yield beam.pvalue.TaggedOutput(
+                    TAG_STATS, (("rows_rejected", name), len(unparsed) + len(rejects)))
+                yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
+                for shard, piece in rows.partition(self.num_shards).items():
+                    yield shard, (name, piece)
+                self.progress.say(path, f"read {read:,} rows of {path}")
+        self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
 
 
 class ReadClassificationFiles(beam.PTransform):
@@ -528,7 +533,7 @@ class ReadClassificationFiles(beam.PTransform):
         schemas = {name: schema_of(name) for name in self.sources}
         validate_rows = functools.partial(validate_table,
                                           max_labels=self.config.labels_per_row_limit)
-        reader = ReadRows(self.sources, schemas, validate_rows, no_vocabulary, self.slice_keys,
+        reader = ReadClassificationFile(self.sources, schemas, validate_rows, no_vocabulary, self.slice_keys,
                           self.num_shards, self.quiet, self.started)
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
                                                  (TAG_REJECTED, TAG_STATS, TAG_VOCAB))

@@ -1,17 +1,19 @@
-"""Beam building blocks of object detection (COCO protocol, COCO files).
+"""Beam plumbing of object detection: COCO files or native rows, COCO or Valor protocol.
 
-ReadCocoFiles loads each COCO file in a worker, validates it into columns and splits images,
-annotations and detections by shard (FNV-1a of the image id); MatchDetections computes each
-model's CocoState per shard and slice; CocoCombineFn concatenates states; records() runs
-pycocotools' accumulate and summarize on the merged state.
+ReadCocoFile (a COCO file) and ReadNativeFile (native JSONL/Parquet rows) load each file in a
+worker, validate it into columns (schemas/coco_rows.py, schemas/detection_rows.py) and split
+images, annotations and detections by shard (FNV-1a of the image id); DetectionRowsFromDicts
+does the same for row dicts of a user's PCollections. MatchDetection computes each model's
+DetectionState (transforms/kernels/detection.py) per shard and slice; MergeStates
+(transforms/merge.py) merges the states of each (model, slice), and records_of turns each merged
+state into records with the kernel's state_records (pycocotools' accumulate and summarize, or
+Valor's metrics).
 """
 
 from __future__ import annotations
 
 import json
 import typing
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -19,21 +21,21 @@ import pyarrow as pa
 
 from evalbeam.schemas.coco import to_rle
 from evalbeam.schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco_document, image_rows
-from evalbeam.schemas.detection_rows import RowIndex, labels_of, native_rows, stable_id
+from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, native_rows, stable_id
 from evalbeam.schemas.formats import position_name
+from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
 from evalbeam.schemas.rows import canonical_json, reject
 from evalbeam.transforms.evaluated import Evaluated
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                           open_input, parse_rows, read_pcollections)
-from evalbeam.transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, VALOR_AREA_RANGES,
-                                          BinnedState, CocoState, DetailedState,
-                                          ValorBinnedState, accumulate,
-                                          accumulate_binned, coco_state, detailed_curve,
-                                          pair_box_iou, summarize, valor_counts, valor_metrics)
+                                    open_input, parse_rows, read_pcollections)
+from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
+                                                   DetectionConfig, DetectionState, Protocol,
+                                                   coco_state, detailed_curve, pair_box_iou,
+                                                   state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
-from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.transforms.kernels.masks import as_polygon, geometry_area, pair_geometry_iou, pair_mask_iou
+from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
+from evalbeam.transforms.merge import MergeStates, records_of
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
@@ -189,56 +191,6 @@ class ReadCocoFile(ProgressDoFn):
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
 
-@dataclass(frozen=True)
-class Protocol:
-    """How detections are matched and averaged: "coco" (pycocotools: maxDets, four area ranges,
-    crowd regions) or "valor" (every detection, one area range, crowd flags ignored)."""
-
-    name: str = "coco"
-    iou_thresholds: tuple = tuple(IOU_THRESHOLDS.tolist())
-    score_thresholds: tuple = (0.5,)
-    pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
-    pr_curve_iou_threshold: float = 0.5
-    score_bins: int | None = None   # constant-memory state, AP as [lower, upper] bounds
-    max_examples: int = 1
-
-    @property
-    def detailed(self) -> bool:
-        """The valor protocol also builds the DetailedPrecisionRecallCurve."""
-        return self.name == "valor"
-
-    @property
-    def matching_thresholds(self) -> tuple:
-        """The IoU thresholds matched: the metric thresholds plus the PR curve's (valor)."""
-        if self.name == "coco":
-            return self.iou_thresholds
-        return tuple(sorted(set(self.iou_thresholds) | {self.pr_curve_iou_threshold}))
-
-    @property
-    def counted_score_thresholds(self) -> np.ndarray:
-        """Score thresholds with exact counts under --score_bins (valor: metrics and curve)."""
-        return np.array(sorted(set(self.score_thresholds) | set(self.pr_curve_thresholds)))
-
-    def binned(self, state):
-        """The constant-memory form of a shard's state (--score_bins)."""
-        thresholds = np.array(self.matching_thresholds)
-        if self.name == "coco":
-            return BinnedState.from_state(state, self.score_bins, thresholds, MAX_DETS)
-        coco, detailed, confusion = state
-        return (ValorBinnedState.from_state(coco, self.score_bins, thresholds,
-                                            self.counted_score_thresholds), detailed, confusion)
-
-    @property
-    def options(self) -> dict:
-        thresholds = np.array(self.matching_thresholds)
-        if self.name == "coco":
-            return {"thresholds": thresholds}
-        return {"thresholds": thresholds, "max_det": None, "area_ranges": VALOR_AREA_RANGES}
-
-
-COCO = Protocol()
-
-
 class ReadNativeFile(ProgressDoFn):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
 
@@ -330,7 +282,9 @@ class LabelUnion(beam.CombineFn):
 
 def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.ndarray,
                 iou_type: str, area_from_bbox: bool, protocol: Protocol = COCO) -> CocoState:
-    """CocoState of the given images (gts and dts must belong to them)."""
+    """CocoState of the given images (gts and dts must belong to them); with the valor protocol
+    the tuple (CocoState, DetailedState, ConfusionState). MatchDetection wraps either in a
+    DetectionState."""
     order = np.argsort(images.image_id)
     image_id = images.image_id[order]
     gt_image = np.searchsorted(image_id, gts.image_id)
@@ -457,18 +411,17 @@ def _are_shapes(*lists) -> bool:
     return False
 
 
-class MatchDetections(ProgressDoFn):
-    """(shard, pieces) -> ((model, slice JSON), CocoState) per model and slice; rejects
+class MatchDetection(ProgressDoFn):
+    """(shard, pieces) -> ((model, slice JSON), DetectionState) per model and slice; rejects
     detections whose image or category the ground truth does not have."""
 
-    def __init__(self, models, slice_specs, iou_type, files, quiet, started, protocol=COCO,
-                 native: bool = False):
+    def __init__(self, config: DetectionConfig, models, slice_specs, files, quiet, started):
         super().__init__(quiet, started)
-        self.protocol = protocol
-        self.native = native
+        self.protocol = config.protocol
+        self.native = config.native
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
-        self.iou_type = iou_type
+        self.iou_type = config.iou_type
         self.files = files
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
@@ -555,8 +508,9 @@ class MatchDetections(ProgressDoFn):
                 chosen = images.image_id[image_index]
                 sub_gts = gts.take(np.flatnonzero(np.isin(gts.image_id, chosen)))
                 sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
-                state = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
+                parts = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
                                     category_id, self.iou_type, area_from_bbox, self.protocol)
+                state = DetectionState(*parts) if isinstance(parts, tuple) else DetectionState(parts)
                 if self.protocol.score_bins:
                     state = self.protocol.binned(state)
                 yield (model, slice_json), state
@@ -577,229 +531,6 @@ class MatchDetections(ProgressDoFn):
 def _empty_boxes(with_segmentation: bool) -> BoxRows:
     return BoxRows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 4)), np.zeros(0),
                    np.zeros(0, bool), [] if with_segmentation else None, np.zeros(0, np.int64))
-
-
-def _copy(state):
-    return tuple(part.copy() for part in state) if isinstance(state, tuple) else state.copy()
-
-
-def _merge(acc, state):
-    """Merge state into acc: a CocoState or BinnedState, or a tuple of states (valor protocol)."""
-    if isinstance(acc, tuple):
-        return tuple(a.merge(b) for a, b in zip(acc, state))
-    return acc.merge(state)
-
-
-class CocoCombineFn(beam.CombineFn):
-    """Merges detection partial states (exact: accumulate() sorts by a total order)."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, state):
-        return _copy(state) if acc is None else _merge(acc, state)
-
-    def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc if out is None else _merge(out, acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
-
-
-def records(element, categories, iou_type: str, protocol: Protocol = COCO):
-    """((model, slice JSON), CocoState) -> metric records of the protocol."""
-    (model, slice_json), state = element
-    if state is None:
-        return
-    base = {"model": model, "slice": json.loads(slice_json)}
-    if protocol.name == "valor":
-        state, detailed, confusion = state
-        yield from _valor_records(state, categories, protocol, base)
-        present = state.present if isinstance(state, ValorBinnedState) else valor_present(state)
-        yield {"type": "DetailedPrecisionRecallCurve",
-               "value": _detailed_value(detailed, categories, protocol, present),
-               "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
-                              "max_examples": protocol.max_examples}, **base}
-        yield from _confusion_records(confusion, categories, protocol, present, base)
-        return
-    if isinstance(state, BinnedState):
-        yield from _binned_records(state, categories, iou_type, base)
-        return
-    precision, recall = accumulate(state)
-    yield {"type": "COCOSummary", "value": summarize(precision, recall),
-           "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)},
-           **base}
-    for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
-        yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
-               "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
-                              "category_id": cid},
-               **base}
-
-
-def _binned_records(state: BinnedState, categories, iou_type: str, base: dict):
-    """COCOSummary and COCOClassSummary records of a --score_bins run: one with the lower and one
-    with the upper bound of each statistic (the exact value lies between; AR is exact)."""
-    for bound, upper in (("lower", False), ("upper", True)):
-        precision, recall = accumulate_binned(state, upper=upper)
-        parameters = {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS),
-                      "score_bins": state.n_bins, "bound": bound}
-        yield {"type": "COCOSummary", "value": summarize(precision, recall),
-               "parameters": parameters, **base}
-        for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
-            yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
-                   "parameters": dict(parameters, label=name, category_id=cid), **base}
-
-
-AP_KINDS = ("AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs")
-
-
-def _valor_records(state, categories, protocol: Protocol, base: dict):
-    """Valor's records (valor-lite's names and parameters) for the labels present. Under
-    --score_bins (a ValorBinnedState) the AP family comes twice, as lower and upper bounds
-    (parameters score_bins and bound); everything else is exact and comes once."""
-    matched = list(protocol.matching_thresholds)
-    ious = list(protocol.iou_thresholds)
-    use = [matched.index(t) for t in ious]
-    scores = list(protocol.score_thresholds)
-    if isinstance(state, ValorBinnedState):
-        for bound in ("lower", "upper"):
-            m = state.metrics(np.array(matched), scores, use, upper=bound == "upper")
-            records = _valor_metric_records(m, categories, ious, use, scores, base,
-                                            {"score_bins": protocol.score_bins, "bound": bound})
-            yield from (r for r in records if (r["type"] in AP_KINDS) or bound == "lower")
-        curve_counts = state.curve_counts(protocol.pr_curve_thresholds)
-        present = state.present
-    else:
-        m = valor_metrics(state, np.array(matched), np.array(scores), use)
-        yield from _valor_metric_records(m, categories, ious, use, scores, base, {})
-        curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
-        present = m["present"]
-    i = matched.index(protocol.pr_curve_iou_threshold)
-    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
-    curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
-                    for j, s in enumerate(protocol.pr_curve_thresholds)}
-             for k, name in labels}
-    yield {"type": "PrecisionRecallCurve", "value": curve,
-           "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}, **base}
-
-
-def _valor_metric_records(m: dict, categories, ious, use, scores, base: dict, extra: dict):
-    """The scalar and Counts records of valor_metrics_from's output m; extra parameters are
-    added to the AP family only."""
-    present = m["present"]
-    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
-
-    def record(kind, value, **parameters):
-        if kind in AP_KINDS:
-            parameters.update(extra)
-        return {"type": kind, "value": value if isinstance(value, dict) else float(value),
-                "parameters": parameters, **base}
-
-    for t, iou in enumerate(ious):
-        for k, name in labels:
-            yield record("AP", m["AP"][t, k], iou_threshold=iou, label=name)
-        yield record("mAP", m["mAP"][t], iou_threshold=iou)
-    for k, name in labels:
-        yield record("APAveragedOverIOUs", m["APAveragedOverIOUs"][k], iou_thresholds=ious, label=name)
-    yield record("mAPAveragedOverIOUs", m["mAPAveragedOverIOUs"], iou_thresholds=ious)
-    for j, s in enumerate(scores):
-        for k, name in labels:
-            yield record("AR", m["AR"][j, k], iou_thresholds=ious, score_threshold=s, label=name)
-        yield record("mAR", m["mAR"][j], iou_thresholds=ious, score_threshold=s)
-    for k, name in labels:
-        yield record("ARAveragedOverScores", m["ARAveragedOverScores"][k], iou_thresholds=ious,
-                     score_thresholds=scores, label=name)
-    yield record("mARAveragedOverScores", m["mARAveragedOverScores"], iou_thresholds=ious,
-                 score_thresholds=scores)
-    for t, iou in zip(use, ious):
-        for j, s in enumerate(scores):
-            for k, name in labels:
-                params = {"iou_threshold": iou, "score_threshold": s, "label": name}
-                counts = _counts(m["counts"][t, j, k])
-                yield record("Counts", {key: counts[key] for key in ("tp", "fp", "fn")}, **params)
-                for kind, key in (("Precision", "precision"), ("Recall", "recall"), ("F1", "f1_score")):
-                    yield record(kind, counts[key], **params)
-
-
-def valor_present(state: CocoState) -> np.ndarray:
-    """Labels with ground truth or predictions."""
-    return (state.n_gt[:, 0] > 0) | (np.bincount(state.category, minlength=state.n_categories) > 0)
-
-
-def _detailed_value(detailed: DetailedState, categories, protocol: Protocol, present) -> dict:
-    """{label: {"0.05": {"tp": ..., "fp": ..., "fn": ...}}} in Valor's shape, with examples."""
-    K, C = len(categories["name"]), 5
-    examples: dict = {}
-    for group, uid in zip(detailed.examples.group.tolist(), detailed.examples.uid.tolist()):
-        examples.setdefault(group, []).append(json.loads(uid))
-    value = {}
-    for k, name in enumerate(categories["name"]):
-        if not present[k]:
-            continue
-        per_threshold = {}
-        for p, threshold in enumerate(protocol.pr_curve_thresholds):
-            counts = detailed.counts[p, k]
-
-            def observation(category: int) -> dict:
-                return {"count": int(counts[category]),
-                        "examples": examples.get((p * C + category) * K + k, [])}
-
-            per_threshold[repr(float(threshold))] = {
-                "tp": {"total": int(counts[0]), "observations": {"all": observation(0)}},
-                "fp": {"total": int(counts[1] + counts[2]), "observations": {
-                    "misclassifications": observation(1), "hallucinations": observation(2)}},
-                "fn": {"total": int(counts[3] + counts[4]), "observations": {
-                    "misclassifications": observation(3), "missed_detections": observation(4)}},
-            }
-        value[name] = per_threshold
-    return value
-
-
-def _confusion_records(confusion: ConfusionState, categories, protocol: Protocol, present,
-                       base: dict):
-    """One ConfusionMatrix per (IoU threshold, score threshold), valor-lite's shape: plain
-    counts with --max_examples 0, else {"count", "examples"} in every cell."""
-    names = list(categories["name"])
-    K, S = len(names), len(protocol.score_thresholds)
-    width = K * K + 2 * K
-    labels = [k for k in range(K) if present[k]]
-    examples: dict = {}
-    for group, uid in zip(confusion.examples.group.tolist(), confusion.examples.uid.tolist()):
-        examples.setdefault(group, []).append(json.loads(uid))
-    for t, iou in enumerate(protocol.iou_thresholds):
-        for s, score in enumerate(protocol.score_thresholds):
-            matrix, unmatched_gt, unmatched_dt = confusion.unpack(t, s)
-            base_group = (t * S + s) * width
-
-            def cell(count, group):
-                if not protocol.max_examples:
-                    return int(count)
-                return {"count": int(count), "examples": examples.get(base_group + group, [])}
-
-            value = {
-                "confusion_matrix": {names[g]: {names[p]: cell(matrix[g, p], g * K + p) for p in labels}
-                                     for g in labels},
-                "unmatched_predictions": {names[p]: cell(unmatched_dt[p], K * K + K + p) for p in labels},
-                "unmatched_ground_truths": {names[g]: cell(unmatched_gt[g], K * K + g) for g in labels},
-            }
-            yield {"type": "ConfusionMatrix", "value": value,
-                   "parameters": {"iou_threshold": iou, "score_threshold": score,
-                                  "max_examples": protocol.max_examples}, **base}
-
-
-def _counts(tp_fp_fn) -> dict:
-    """tp, fp, fn with precision, recall and F1 (0 when undefined)."""
-    tp, fp, fn = (int(v) for v in tp_fp_fn)
-
-    def ratio(numerator, denominator):
-        return numerator / denominator if denominator else 0.0
-
-    return {"tp": tp, "fp": fp, "fn": fn, "precision": ratio(tp, tp + fp),
-            "recall": ratio(tp, tp + fn), "f1_score": ratio(2 * tp, 2 * tp + fp + fn)}
 
 
 def label_findings(source_labels: list, models: list) -> list[dict]:
@@ -844,17 +575,6 @@ def record_sort_key(record: dict):
             str(params.get("label", "")), params.get("bound", ""))
 
 
-class DetectionConfig(NamedTuple):
-    """What `evalbeam detection` evaluates: iou_type "bbox" or "segm"; protocol (COCO or a
-    valor Protocol); native: the inputs are native rows (else COCO files); max_image_pixels:
-    the largest mask a row may hold."""
-
-    iou_type: str = "bbox"
-    protocol: Protocol = COCO
-    native: bool = False
-    max_image_pixels: int = MAX_IMAGE_PIXELS
-
-
 class EvaluateDetectionFiles(beam.PTransform):
     """COCO files or native rows (job.sources) -> Evaluated (transforms.evaluated).
 
@@ -864,24 +584,23 @@ class EvaluateDetectionFiles(beam.PTransform):
 
     def __init__(self, config: DetectionConfig, job):
         super().__init__()
-        self.max_pixels = config.max_image_pixels
-        self.protocol = config.protocol
+        self.config = config
         self.native = config.native
         self.sources = job.sources
         self.models = list(job.models)
         self.slices = list(job.slices)
-        self.iou_type = config.iou_type
         self.num_shards = job.num_shards
         self.quiet = job.quiet
         self.started = job.started
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
+        iou_type, max_pixels = self.config.iou_type, self.config.max_image_pixels
         reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
-                                 self.iou_type, self.max_pixels)
+                                 iou_type, max_pixels)
                   if self.native else
-                  ReadCocoFile(self.sources, self.iou_type, slice_keys, self.num_shards,
-                               self.quiet, self.started, self.max_pixels))
+                  ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards,
+                               self.quiet, self.started, max_pixels))
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
                                                  (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
         if self.native:  # labels of ground truths and predictions alike
@@ -894,29 +613,25 @@ class EvaluateDetectionFiles(beam.PTransform):
             categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
             problems = pbegin | "NoFindings" >> beam.Create([])
         metrics, rejected, stats = _evaluate(
-            read, categories, self.models, self.slices, self.iou_type, self.protocol, self.native,
+            read, categories, self.config, self.models, self.slices,
             {n: s.files for n, s in self.sources.items()}, self.quiet, self.started)
         return Evaluated(metrics, rejected, stats, problems)
 
 
-def _evaluate(read, categories, models, slices, iou_type, protocol, native, files, quiet, started):
-    """The shared tail: match per shard, combine per (model, slice), records."""
+def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started):
+    """The shared tail: match per shard, merge the states per (model, slice), records."""
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Match" >> beam.ParDo(MatchDetections(
-                   models, slices, iou_type, files, quiet, started, protocol, native),
-                   categories)
+               | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started),
+                                       categories)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
     metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(CocoCombineFn())
-               | "Records" >> beam.FlatMap(records, categories, iou_type, protocol))
+               | "Combine" >> beam.CombinePerKey(MergeStates())
+               | "Records" >> beam.FlatMap(records_of, state_records, categories, config))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     return metrics, rejected, stats
-
-
-VALOR = Protocol("valor")
 
 
 class EvaluateDetection(beam.PTransform):
@@ -946,6 +661,7 @@ class EvaluateDetection(beam.PTransform):
                                          "EvaluateDetection")
         categories = beam.pvalue.AsSingleton(
             read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
-        metrics, rejected, stats = _evaluate(read, categories, models, self.slices, self.iou_type,
-                                             self.protocol, True, {}, True, 0.0)
+        config = DetectionConfig(self.iou_type, self.protocol, native=True)
+        metrics, rejected, stats = _evaluate(read, categories, config, models, self.slices, {},
+                                             True, 0.0)
         return (metrics, rejected, stats) if self.with_diagnostics else metrics

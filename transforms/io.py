@@ -24,9 +24,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.formats import (format_of, jsonl_blocks, parquet_tables, parse_jsonl_block,
-                             position_name)
-from evalbeam.schemas.rows import reject
+from evalbeam.schemas.formats import format_of
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 
 TAG_REJECTED = "rejected"
@@ -254,6 +252,8 @@ def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: lis
                         if missing:
                             raise TypeError(f"missing column(s) {missing}; the file has {names}")
                     else:
+                        from evalbeam.schemas.classification_rows import parquet_tables
+
                         next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
                 continue
             with open_input(path) as stream:
@@ -315,58 +315,6 @@ class ProgressDoFn(beam.DoFn):
 
     def setup(self):
         self.progress = Progress(self.quiet, self.started)
-
-
-class ReadRows(ProgressDoFn):
-    """(source name, file id) -> validated rows split by shard.
-
-    Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
-    outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n), TAG_VOCAB
-    {label key: set of values}. `validate(table, file_id)` is the task's validation function
-    (a module-level function, so the DoFn pickles)."""
-
-    def __init__(self, sources: dict[str, Source], schemas: dict, validate, vocabulary,
-                 slice_keys: list[str], num_shards: int, quiet: bool, started: float):
-        super().__init__(quiet, started)
-        self.sources = sources
-        self.schemas = schemas
-        self.validate = validate
-        self.vocabulary = vocabulary
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
-
-    def process(self, element):
-        name, file_id = element
-        source = self.sources[name]
-        path = source.files[file_id]
-        schema = self.schemas[name]
-        position = position_name(path)
-        slice_keys = self.slice_keys if name == "groundtruths" else []
-        read = 0
-        with open_input(path) as stream:
-            if format_of(path) == "parquet":
-                tables = ((table, []) for table in parquet_tables(stream, schema, slice_keys))
-            else:
-                tables = (parse_jsonl_block(block, first, schema, slice_keys)
-                          for block, first in jsonl_blocks(stream))
-            for table, unparsed in tables:
-                rows, rejects = self.validate(table, file_id)
-                for line, reason in unparsed:
-                    yield beam.pvalue.TaggedOutput(
-                        TAG_REJECTED, reject(name, path, line, reason, None, position))
-                for line, uid, reason in rejects:
-                    yield beam.pvalue.TaggedOutput(
-                        TAG_REJECTED, reject(name, path, line, reason, uid, position))
-                n = table.num_rows + len(unparsed)
-                read += n
-                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n))
-                yield beam.pvalue.TaggedOutput(
-                    TAG_STATS, (("rows_rejected", name), len(unparsed) + len(rejects)))
-                yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
-                for shard, piece in rows.partition(self.num_shards).items():
-                    yield shard, (name, piece)
-                self.progress.say(path, f"read {read:,} rows of {path}")
-        self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
 
 
 SHARD_PIECE = typing.Tuple[int, typing.Any]
@@ -464,27 +412,6 @@ def merge_sorted_parts(parts: list, path: str, key_field: str) -> int:
     if parts:
         FileSystems.delete([p for p, _ in parts])
     return n
-
-
-class MergeStates(beam.CombineFn):
-    """Combines partial states that have copy() and merge() (the per-task states: sums, counts,
-    exact totals); merging is exact and order-free, so any bundling gives the same state."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, state):
-        return state.copy() if acc is None else acc.merge(state)
-
-    def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc.copy() if out is None else out.merge(acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
 
 
 def unique_rows(rows: list, repeated) -> dict:

@@ -14,28 +14,35 @@ judgments (QueryCoverage), from which coverage_problems tells a run that the qre
 Counts: the reader counts a file's rows read and the rows it rejects (unparsable lines, and the
 qrels rows whose --slice metadata is not finite); the shard counts the rows it rejects as
 duplicates and the rows it keeps (rows_evaluated), so every row read is counted once.
+
+The same job on a user's PCollections of row dicts (EvaluateRetrieval): RetrievalRowsFromDicts
+checks the rows as JSONL rows are checked and cuts them into the same pieces, which then go
+through the same MatchRetrieval, MergeStates and records_of.
 """
 
 from __future__ import annotations
 
 import json
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.retrieval_rows import (duplicate_groups, duplicate_reason, format_of, parse_qrels,
-                                    parse_run, without_rows)
+from evalbeam.schemas.hashing import fnv1a_64, shard_of
+from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_problem,
+                                             duplicate_groups, duplicate_reason,
+                                             duplicate_rows_reason, format_of, parse_qrels,
+                                             parse_run, slice_values, without_rows)
 from evalbeam.schemas.rows import canonical_json, reject
 from evalbeam.transforms.evaluated import Evaluated
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
-                           merge_sorted_parts, open_input)
-from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
-from evalbeam.schemas.hashing import fnv1a_64, shard_of
-from evalbeam.transforms.kernels.retrieval import SUMMED, RetrievalConfig, encode_ids, evaluate
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
+                                    merge_sorted_parts, open_input, read_pcollections)
+from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
+                                                   evaluate, state_records)
+from evalbeam.transforms.merge import MergeStates, records_of
 
 GROUNDTRUTHS = "groundtruths"
 TAG_PER_QUERY = "per_query"
@@ -43,38 +50,8 @@ TAG_COVERAGE = "coverage"
 EXAMPLES = 3   # query ids quoted in a coverage problem
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
-# record type and parameters of each kernel measure family (trec_eval names)
-FAMILIES = {"P": "Precision", "recall": "Recall", "F1": "F1", "success": "Hit", "map_cut": "MAP",
-            "dcg_cut": "DCG", "ndcg_cut": "NDCG"}
-SINGLE = {"recip_rank": "MRR", "map": "MAP", "Rprec": "RPrecision", "ndcg": "NDCG"}
+# every record type, in the order of metrics.jsonl
 RECORD_ORDER = ("Queries", "Precision", "Recall", "F1", "Hit", "MRR", "MAP", "RPrecision", "DCG", "NDCG")
-
-
-def record_of(measure: str):
-    """(record type, parameters) of a kernel measure name, or None for measures not reported."""
-    if measure in SINGLE:
-        return SINGLE[measure], {}
-    family, _, k = measure.rpartition("_")
-    if family in FAMILIES and k.isdigit():
-        return FAMILIES[family], {"k": int(k)}
-    return None
-
-
-@dataclass
-class RetrievalState:
-    """Per (model, slice): the number of queries evaluated and the exact totals of each measure."""
-
-    queries: int = 0
-    totals: dict = field(default_factory=dict)
-
-    def merge(self, other: "RetrievalState") -> "RetrievalState":
-        self.queries += other.queries
-        for name, total in other.totals.items():
-            self.totals[name] = merge_totals(self.totals.get(name, {}), total)
-        return self
-
-    def copy(self) -> "RetrievalState":
-        return RetrievalState(self.queries, {k: dict(v) for k, v in self.totals.items()})
 
 
 @dataclass
@@ -211,8 +188,6 @@ def write_piece(columns, path: str) -> None:
 
 def read_piece(path: str, qrels: bool):
     """The columns write_piece wrote (QrelsColumns when qrels, else RunColumns)."""
-    from evalbeam.schemas.retrieval_rows import QrelsColumns, RunColumns
-
     with FileSystems.open(path) as stream:
         table = pa.ipc.open_stream(stream).read_all()
     kind = QrelsColumns if qrels else RunColumns
@@ -220,11 +195,11 @@ def read_piece(path: str, qrels: bool):
 
 
 class ReadRetrievalFile(ProgressDoFn):
-    """(source, file id) -> (shard, (source, file id, columns)) pieces; rejects and stats
+    """(source, file id) -> (shard, (source, file id, columns, None)) pieces; rejects and stats
     tagged. With pieces_dir, each piece is written there as an Arrow IPC stream and only its path
     travels (hundreds of MB of ids need not pass through the runner's data plane).
     excluded: {qrels file id: {line: reason}}, qrels rows rejected for their --slice metadata
-    (see pipelines/retrieval.py read_slices). Repeated (query, doc) pairs are left to the shard."""
+    (see read_slices). Repeated (query, doc) pairs are left to the shard."""
 
     def __init__(self, sources, num_shards: int, quiet: bool, started: float,
                  pieces_dir: str | None = None, excluded: dict | None = None):
@@ -259,8 +234,53 @@ class ReadRetrievalFile(ProgressDoFn):
                 piece_path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}.arrow")
                 write_piece(piece, piece_path)
                 piece = piece_path
-            yield shard, (name, file_id, piece)
+            yield shard, (name, file_id, piece, None)
         self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}", force=True)
+
+
+class RetrievalRowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches -> (shard, (source, 0, columns, slice values)) pieces,
+    like ReadRetrievalFile for files; rejects and stats tagged. Rows are checked as JSONL rows are
+    (schemas/retrieval_rows.py dict_row_problem); with slice_keys, a qrels row whose metadata
+    cannot name a slice is rejected too (slice_values), and each qrels piece carries, per row,
+    the canonical JSON of its metadata values for slice_keys (None for a row without a metadata
+    object): MatchRetrieval takes each query's slice values from them. Runs' pieces carry None.
+    A rejected row has no file or line: the source name is its file, its "row" is None."""
+
+    def __init__(self, slice_keys: list[str], num_shards: int):
+        self.slice_keys = list(slice_keys)
+        self.num_shards = num_shards
+
+    def process(self, element):
+        source, batch = element
+        qrels = source == GROUNDTRUTHS
+        kind, value_name = ("qrels", "relevance") if qrels else ("run", "score")
+        sliced = qrels and bool(self.slice_keys)
+        queries, docs, values, row_slices, rejected = [], [], [], [], 0
+        for row in batch:
+            problem = dict_row_problem(row, kind)
+            values_of_row = None
+            if problem is None and sliced:
+                values_of_row, problem = slice_values(row, self.slice_keys)
+            if problem:
+                rejected += 1
+                yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, source, None, problem,
+                                                                    position_name="row"))
+                continue
+            queries.append(row["query_id"])
+            docs.append(row["doc_id"])
+            values.append(row[value_name])
+            row_slices.append(values_of_row)
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", source), len(batch)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), rejected))
+        kind_of = QrelsColumns if qrels else RunColumns
+        columns = kind_of(pa.chunked_array([pa.array(queries, pa.string())]),
+                          pa.chunked_array([pa.array(docs, pa.string())]),
+                          np.array(values, np.int64 if qrels else np.float64),
+                          np.zeros(len(queries), np.int64))
+        for shard, index in _split_by_query(columns, self.num_shards).items():
+            piece_slices = [row_slices[i] for i in index.tolist()] if sliced else None
+            yield shard, (source, 0, _take(columns, index), piece_slices)
 
 
 def _concat(pieces):
@@ -274,51 +294,69 @@ def _concat(pieces):
                        np.concatenate([p.line for p in pieces]))
 
 
-def unique_pairs(source: str, files: tuple, parts: list):
+def unique_pairs(source: str, files: tuple | None, parts: list):
     """One source's rows in a shard, from [(file id, columns)] sorted by file id, without every
     row of a (query, doc) pair that occurs more than once (each copy becomes a reject record
-    naming its file and line, and the reason lists every copy). Returns (columns, rejects)."""
+    naming its file and line, and the reason lists every copy; files None: rows of a user's
+    PCollection, which have neither). Returns (columns, rejects)."""
     columns = _concat([c for _, c in parts])
     file_id = np.repeat(np.array([f for f, _ in parts], np.int64), [len(c) for _, c in parts])
     groups = duplicate_groups(columns.query, columns.doc)
     rejects = []
     for rows in groups:
         first = pa.array(rows[:1])
+        query, doc = columns.query.take(first)[0].as_py(), columns.doc.take(first)[0].as_py()
+        if files is None:
+            reason = duplicate_rows_reason(query, doc, len(rows), source)
+            rejects += [reject(source, source, None, reason, position_name="row") for _ in rows]
+            continue
         paths = [files[f] for f in file_id[rows]]
         lines = columns.line[rows].tolist()
-        reason = duplicate_reason(columns.query.take(first)[0].as_py(), columns.doc.take(first)[0].as_py(),
-                                  lines, paths)
+        reason = duplicate_reason(query, doc, lines, paths)
         rejects += [reject(source, path, line, reason) for path, line in zip(paths, lines)]
     dropped = np.concatenate(groups) if groups else np.zeros(0, np.int64)
     return without_rows(columns, dropped), rejects
 
 
-class EvaluateShard(ProgressDoFn):
+class MatchRetrieval(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), RetrievalState); tagged: rejects and stats (the
     shard's duplicates, its rows kept), (model, QueryCoverage) (TAG_COVERAGE), and per-query rows
-    to per_query_dir/part-<shard>.jsonl (TAG_PER_QUERY: (path, rows)) when per_query_dir is set."""
+    to per_query_dir/part-<shard>.jsonl (TAG_PER_QUERY: (path, rows)) when per_query_dir is set.
 
-    def __init__(self, sources, models, config: RetrievalConfig, complete: bool, slices: dict | None,
-                 per_query_dir: str | None, quiet: bool, started: float):
+    files: {source: its file paths} (rejects name them); {} for rows of a user's PCollections.
+    query_slices: {slice spec: {query id: canonical JSON values}}, read from the qrels files
+    before the run (read_slices), or None: then, with slice_specs, each query takes the values
+    of its qrels rows in the shard (RetrievalRowsFromDicts' pieces carry them per row): rows of a
+    PCollection have no order, so of a query's rows with a metadata object the one whose values
+    (canonical JSON, over the sorted slice keys) sort first gives them."""
+
+    def __init__(self, files: dict, models, config: RetrievalConfig, query_slices: dict | None,
+                 slice_specs, per_query_dir: str | None, quiet: bool, started: float):
         super().__init__(quiet, started)
-        self.sources = sources
+        self.files = files
         self.models = models
         self.config = config
-        self.complete = complete
-        self.slices = slices or {}
+        self.query_slices = query_slices
+        self.slice_specs = [tuple(spec) for spec in slice_specs]
         self.per_query_dir = per_query_dir
 
     def process(self, element):
         shard, pieces = element
         by_source: dict = {}
+        row_slices = []
         # Pieces arrive in any order; sorted by file they make the same columns every time.
-        for source, file_id, columns in sorted(pieces, key=lambda piece: (piece[0], piece[1])):
+        for source, file_id, columns, piece_slices in sorted(pieces, key=lambda piece: (piece[0], piece[1])):
             if isinstance(columns, str):      # a piece spilled to an Arrow IPC file
                 columns = read_piece(columns, source == GROUNDTRUTHS)
             by_source.setdefault(source, []).append((file_id, columns))
+            if piece_slices is not None:
+                row_slices.append((columns.query.to_pylist(), piece_slices))
+        query_slices = self.query_slices
+        if query_slices is None:
+            query_slices = self._slices_of_rows(row_slices)
         unique = {}
         for source, parts in sorted(by_source.items()):
-            columns, rejects = unique_pairs(source, self.sources[source].files, parts)
+            columns, rejects = unique_pairs(source, self.files.get(source), parts)
             for record in rejects:
                 yield beam.pvalue.TaggedOutput(TAG_REJECTED, record)
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), len(rejects)))
@@ -340,13 +378,12 @@ class EvaluateShard(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_COVERAGE, (model, coverage_of_codes(codes)))
             query_codes, values = evaluate(codes.qrels_query, codes.qrels_doc, qrels.relevance,
                                            codes.run_query, codes.run_doc,
-                                           run.score if run else np.zeros(0), self.config, self.complete)
+                                           run.score if run else np.zeros(0), self.config,
+                                           self.config.complete)
             query_ids = codes.query_ids.take(pa.array(query_codes, pa.int64())).to_pylist()
-            groups = self._groups(query_ids)
+            groups = self._groups(query_ids, query_slices or {})
             for slice_json, index in groups.items():
-                state = RetrievalState(int(index.size), {name: exact_totals(column[index])
-                                                         for name, column in values.items()})
-                yield (model, slice_json), state
+                yield (model, slice_json), RetrievalState().add_queries(values, index)
             if self.per_query_dir is not None:
                 names = sorted(values)
                 for i, qid in enumerate(query_ids):
@@ -361,10 +398,20 @@ class EvaluateShard(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_PER_QUERY, (path, len(rows)))
         self.progress.say("evaluate", f"evaluated shard {shard}")
 
-    def _groups(self, query_ids: list) -> dict:
+    def _slices_of_rows(self, row_slices: list) -> dict:
+        """query_slices from the qrels pieces' per-row values [(query ids, values per row)]."""
+        first: dict = {}
+        for queries, values in row_slices:
+            for query, row_values in zip(queries, values):
+                if row_values is not None and (query not in first or row_values < first[query]):
+                    first[query] = row_values
+        return per_spec(first, self.slice_specs)
+
+    @staticmethod
+    def _groups(query_ids: list, query_slices: dict) -> dict:
         """{slice JSON: positions}: every query in "{}", and per --slice combination."""
         groups = {"{}": np.arange(len(query_ids))}
-        for spec, per_query in self.slices.items():
+        for spec, per_query in query_slices.items():
             combos: dict = {}
             for i, qid in enumerate(query_ids):
                 values = per_query.get(qid)
@@ -374,23 +421,6 @@ class EvaluateShard(ProgressDoFn):
                 key = canonical_json({k: json.loads(v) for k, v in zip(spec, values)})
                 groups[key] = np.array(index, dtype=np.int64)
         return groups
-
-
-def records(element, config: RetrievalConfig, complete: bool):
-    """Averages (sums for counts) of the reported measures, as trec_eval's `all` line."""
-    (model, slice_json), state = element
-    base = {"model": model, "slice": json.loads(slice_json)}
-    settings = {"relevance_level": config.relevance_level, "max_docs": config.max_docs_per_query,
-                "complete": complete}
-    yield {"type": "Queries", "value": state.queries, "parameters": settings, **base}
-    for name in sorted(state.totals):
-        found = record_of(name)
-        if found is None:
-            continue
-        kind, parameters = found
-        total = total_value(state.totals[name])
-        value = total if name in SUMMED else (total / state.queries if state.queries else 0.0)
-        yield {"type": kind, "value": value, "parameters": parameters, **base}
 
 
 def record_sort_key(record: dict):
@@ -413,9 +443,7 @@ def read_slices(sources, slices) -> tuple[dict | None, dict]:
     if not slices:
         return None, {}
     from evalbeam.schemas.retrieval_rows import MAX_ROW_BYTES, json_row
-    from evalbeam.schemas.rows import canonical_json
-    from evalbeam.schemas.safe_json import iter_lines, slice_value_problem
-    from evalbeam.transforms.io import open_input
+    from evalbeam.schemas.safe_json import iter_lines
 
     keys = sorted({key for spec in slices for key in spec})
     per_query: dict = {}
@@ -426,17 +454,41 @@ def read_slices(sources, slices) -> tuple[dict | None, dict]:
                 if raw is None or not raw.strip():
                     continue
                 row, problem = json_row(raw, "qrels")
-                if problem or not isinstance(row.get("metadata"), dict):
+                if problem:
                     continue
-                metadata = row["metadata"]
-                reason = next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
+                values, reason = slice_values(row, keys)
                 if reason:
                     excluded.setdefault(file_id, {})[number] = reason
-                    continue
-                per_query.setdefault(row["query_id"], metadata)
-    values = {spec: {q: tuple(canonical_json(m.get(k)) for k in spec) for q, m in per_query.items()}
-              for spec in slices}
-    return values, excluded
+                elif values is not None:
+                    per_query.setdefault(row["query_id"], values)
+    return per_spec(per_query, slices), excluded
+
+
+def per_spec(per_query: dict, slices) -> dict:
+    """{spec: {query id: values of the spec's keys}} from {query id: values of every slice key,
+    sorted (schemas/retrieval_rows.py slice_values)}."""
+    keys = sorted({key for spec in slices for key in spec})
+    return {tuple(spec): {q: tuple(values[keys.index(k)] for k in spec) for q, values in per_query.items()}
+            for spec in slices}
+
+
+def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_slices: dict | None,
+              slice_specs, per_query_dir: str | None, quiet: bool, started: float):
+    """The pieces of `read` (main output "pieces", tagged rejects and stats) matched per shard,
+    merged and turned into records: (metrics, rejects, stats, matched), matched holding the
+    coverage (TAG_COVERAGE) and per-query parts (TAG_PER_QUERY) of MatchRetrieval."""
+    matched = (read.pieces
+               | "GroupByShard" >> beam.GroupByKey()
+               | "Match" >> beam.ParDo(MatchRetrieval(
+                   files, models, config, query_slices, slice_specs, per_query_dir, quiet, started))
+               .with_output_types(PARTIAL)
+               .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, main="partials"))
+    metrics = (matched.partials
+               | "Combine" >> beam.CombinePerKey(MergeStates())
+               | "Records" >> beam.FlatMap(records_of, state_records, config))
+    rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
+    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    return metrics, rejects, stats, matched
 
 
 class EvaluateRetrievalFiles(beam.PTransform):
@@ -447,12 +499,12 @@ class EvaluateRetrievalFiles(beam.PTransform):
 
     def __init__(self, config: RetrievalConfig, job):
         super().__init__()
-        self.slices, self.excluded = read_slices(job.sources, list(job.slices))
+        self.query_slices, self.excluded = read_slices(job.sources, list(job.slices))
+        self.slices = list(job.slices)
         self.pieces_dir = job.temp("pieces")
         self.sources = job.sources
         self.models = list(job.models)
         self.config = config
-        self.complete = config.complete
         self.num_shards = job.num_shards
         self.per_query_dir = job.temp("per-query-parts") if config.per_query else None
         self.per_query_path = job.temp("per_query.jsonl")
@@ -464,25 +516,47 @@ class EvaluateRetrievalFiles(beam.PTransform):
             self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started,
                                             self.pieces_dir, self.excluded),
             (TAG_REJECTED, TAG_STATS))
-        evaluated = (read.pieces
-                     | "GroupByShard" >> beam.GroupByKey()
-                     | "Evaluate" >> beam.ParDo(EvaluateShard(
-                         self.sources, self.models, self.config, self.complete, self.slices,
-                         self.per_query_dir, self.quiet, self.started))
-                     .with_output_types(PARTIAL)
-                     .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, main="partials"))
-        metrics = (evaluated.partials
-                   | "Combine" >> beam.CombinePerKey(MergeStates())
-                   | "Records" >> beam.FlatMap(records, self.config, self.complete))
-        rejects = (read[TAG_REJECTED], evaluated[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
-        stats = (read[TAG_STATS], evaluated[TAG_STATS]) | "AllStats" >> beam.Flatten()
-        problems = (evaluated[TAG_COVERAGE]
+        metrics, rejects, stats, matched = _evaluate(
+            read, {name: source.files for name, source in self.sources.items()}, self.models,
+            self.config, self.query_slices, self.slices, self.per_query_dir, self.quiet, self.started)
+        problems = (matched[TAG_COVERAGE]
                     | "GatherCoverage" >> beam.combiners.ToList()
-                    | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.complete))
+                    | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.config.complete))
         extra = {}
         if self.per_query_dir is not None:
             extra["per_query.jsonl"] = (
-                evaluated[TAG_PER_QUERY]
+                matched[TAG_PER_QUERY]
                 | "GatherParts" >> beam.combiners.ToList()
                 | "MergePerQuery" >> beam.Map(merge_sorted_parts, self.per_query_path, "query_id"))
         return Evaluated(metrics, rejects, stats, problems, extra)
+
+
+class EvaluateRetrieval(beam.PTransform):
+    """Retrieval metrics for a user's own pipeline.
+
+    Input: a dict of PCollections of row dicts, {"groundtruths": qrels rows {"query_id",
+    "doc_id", "relevance", "metadata"?}, "<model name>": run rows {"query_id", "doc_id",
+    "score"}, ...}, the rows of the JSONL format. Output: a PCollection of metric records, the
+    same as the command's metrics.jsonl for the same rows; with with_diagnostics=True, (records,
+    rejects, stats). slices: tuples of metadata keys, as --slice. Not computed here: the
+    coverage findings and per_query.jsonl (config.per_query is ignored). Rows have no order, so
+    when a query's qrels rows disagree on their metadata, the values that sort first (as
+    canonical JSON) name its slices, where the command takes its first row's."""
+
+    def __init__(self, config: RetrievalConfig | None = None, slices=(), num_shards: int = 16,
+                 batch_size: int = 1000, with_diagnostics: bool = False):
+        super().__init__()
+        self.config = config or RetrievalConfig()
+        self.slices = [tuple(s) for s in slices]
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    def expand(self, pcolls):
+        slice_keys = sorted({k for spec in self.slices for k in spec})
+        reader = RetrievalRowsFromDicts(slice_keys, self.num_shards)
+        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
+                                         "EvaluateRetrieval")
+        metrics, rejects, stats, _ = _evaluate(read, {}, models, self.config, None, self.slices,
+                                               None, True, 0.0)
+        return (metrics, rejects, stats) if self.with_diagnostics else metrics

@@ -3,51 +3,38 @@
 Rows are read and checked cheaply (schemas/segmentation_rows.py) and keyed by the shard of their
 datum_uid; each shard then decodes its masks (RLE, PNG/.npy files through FileSystems, label maps),
 builds one (K + 1)^2 pixel confusion matrix per (datum, model) with one bincount, and adds them per
-(model, slice). Decoding happens after the shuffle, so workers share it. A CombineFn adds the
-shards' matrices; the labels are a side input (sorted names), so every shard agrees on codes.
+(model, slice) into a SegmentationState (transforms/kernels/segmentation.py). Decoding happens
+after the shuffle, so workers share it. MergeStates adds the shards' states and state_records
+turns them into records; the labels are a side input (sorted names), so every shard agrees on codes.
 """
 
 from __future__ import annotations
 
 import json
 import typing
-from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
 
-from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
-from evalbeam.schemas.mask_files import MaskFileError, read_array
-from evalbeam.schemas.rows import canonical_json, reject
-from evalbeam.transforms.evaluated import Evaluated
 from evalbeam.schemas.formats import position_name
-from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadError, ReadFiles,
-                           parse_rows, read_pcollections, unique_rows)
 from evalbeam.schemas.hashing import uid_shards
-from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, IGNORED, UNKNOWN, UNLABELED, UnknownIds, code_table,
-                                             label_ids, pixel_confusion, segmentation_metrics)
+from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
+from evalbeam.schemas.mask_files import MaskFileError
+from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
+from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
+                                    parse_rows, read_pcollections, unique_rows)
+from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
+                                                      UnknownIds, code_table, label_ids,
+                                                      lookup_table, pixel_confusion,
+                                                      pixel_label_sets, state_records)
+from evalbeam.transforms.mask_files import read_array
+from evalbeam.transforms.merge import MergeStates, records_of
 
 GROUNDTRUTHS = "groundtruths"
 TAG_LABELS = "labels"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
-
-
-@dataclass
-class SegmentationState:
-    """matrix int64[K + 1, K + 1] (transforms/kernels/segmentation.py); declared bool[K]: labels
-    named by a segment of an evaluated row (reported even without pixels, as Valor does)."""
-
-    matrix: np.ndarray
-    declared: np.ndarray
-
-    def merge(self, other: "SegmentationState") -> "SegmentationState":
-        self.matrix = self.matrix + other.matrix
-        self.declared = self.declared | other.declared
-        return self
-
-    def copy(self) -> "SegmentationState":
-        return SegmentationState(self.matrix.copy(), self.declared.copy())
 
 
 class RowProblem(Exception):
@@ -126,28 +113,13 @@ class LabelSet(beam.CombineFn):
         return sorted(acc)
 
 
-def lookup_table(label_names: dict, codes: dict, ignore_id: int | None, unlabeled_id: int | None,
-                 groundtruth: bool) -> np.ndarray:
-    """int32[65536] table from label-map id to label code: UNKNOWN for ids --label_names does not
-    name, the unlabeled id to UNLABELED, the ignore id to IGNORED (ground truth: left out) or
-    UNLABELED (predictions: no label)."""
-    table = np.full(65536, UNKNOWN, dtype=np.int32)
-    for i, name in label_names.items():
-        table[i] = codes[name]
-    if unlabeled_id is not None:
-        table[unlabeled_id] = UNLABELED
-    if ignore_id is not None:
-        table[ignore_id] = IGNORED if groundtruth else UNLABELED
-    return table
-
-
 def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: bool,
            limits: ImageLimits = ImageLimits()):
     """(ids[h, w], id -> code table, [codes of the row's segment labels]) or RowProblem.
 
     Label maps keep their class ids and use the --label_names table; segments become segment
     numbers (label_ids) with their own table, decoded one at a time. Unknown ids are found
-    later, by pixel_confusion. Files are read within `limits` (schemas/mask_files.py); RLE sizes
+    later, by pixel_confusion. Files are read within `limits` (transforms/mask_files.py); RLE sizes
     were bounded when the row was read."""
     if row.label_map is not None:
         if table is None:
@@ -217,17 +189,12 @@ class MatchSegmentation(ProgressDoFn):
     rejects and stats. Each datum's ground truth is decoded once and compared with each model's
     prediction; a datum without a usable prediction counts as predicted "no label" everywhere."""
 
-    def __init__(self, models, slice_specs, label_names: dict | None, ignore_id: int | None,
-                 files: dict, quiet: bool, started: float, unlabeled_id: int | None = None,
-                 limits: ImageLimits = ImageLimits(), max_labels: int = MAX_LABELS):
+    def __init__(self, models, slice_specs, config: SegmentationConfig, files: dict, quiet: bool,
+                 started: float):
         super().__init__(quiet, started)
-        self.unlabeled_id = unlabeled_id
-        self.limits = limits
-        self.max_labels = max_labels
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
-        self.label_names = label_names
-        self.ignore_id = ignore_id
+        self.config = config
         self.files = files
 
     def _reject(self, source, row: SegmentRow, reason: str):
@@ -255,7 +222,7 @@ class MatchSegmentation(ProgressDoFn):
             if pred_row is not None:
                 try:
                     prediction, pred_table, pred_codes = decode(pred_row, codes, tables and tables[False],
-                                                                False, self.limits)
+                                                                False, self.config.limits)
                     if prediction.shape != truth.shape:
                         raise RowProblem(f"shape {list(prediction.shape)} differs from the ground "
                                          f"truth's {list(truth.shape)}")
@@ -276,12 +243,14 @@ class MatchSegmentation(ProgressDoFn):
 
     def process(self, element, labels):
         shard, pieces = element
-        check_label_count(len(labels), self.max_labels)
+        config = self.config
+        check_label_count(len(labels), config.max_labels)
         codes = {name: i for i, name in enumerate(labels)}
         K = len(labels)
         tables = None
-        if self.label_names is not None:
-            tables = {gt: lookup_table(self.label_names, codes, self.ignore_id, self.unlabeled_id, gt)
+        if config.label_names is not None:
+            tables = {gt: lookup_table(config.label_names, codes, config.ignore_id,
+                                       config.unlabeled_id, gt)
                       for gt in (True, False)}
         by_source: dict = {}
         for source, rows in pieces:
@@ -295,7 +264,7 @@ class MatchSegmentation(ProgressDoFn):
             row = truths[uid]
             try:
                 truth, truth_table, truth_codes = decode(row, codes, tables and tables[True], True,
-                                                         self.limits)
+                                                         config.limits)
             except RowProblem as error:
                 outputs.append(self._reject(GROUNDTRUTHS, row, str(error)))
                 continue
@@ -314,10 +283,8 @@ class MatchSegmentation(ProgressDoFn):
                 for group in groups:
                     state = states.get((model, group))
                     if state is None:
-                        state = states[(model, group)] = SegmentationState(
-                            np.zeros((K + 1, K + 1), dtype=np.int64), np.zeros(K, dtype=bool))
-                    state.matrix += matrix
-                    state.declared[declared] = True
+                        state = states[(model, group)] = SegmentationState.empty(K)
+                    state.add_datum(matrix, declared)
         for model in self.models:  # predictions whose datum has no usable ground truth
             for row in predictions[model].values():
                 outputs.append(self._reject(model, row, "no valid ground truth for this datum_uid"))
@@ -331,50 +298,11 @@ class MatchSegmentation(ProgressDoFn):
         self.progress.say("match", f"matched shard {shard}")
 
 
-def records(element, labels):
-    """((model, slice JSON), SegmentationState) -> Valor's records for the labels present: those
-    named by an evaluated segment or with pixels in the ground truth or a prediction."""
-    (model, slice_json), state = element
-    base = {"model": model, "slice": json.loads(slice_json)}
-    matrix = state.matrix
-    pixels = (matrix[1:, :].sum(axis=1) + matrix[:, 1:].sum(axis=0)) > 0
-    keep = np.flatnonzero(state.declared | pixels)
-    # the metrics of the labels present: drop the others' rows and columns (they are all zero)
-    index = np.r_[0, keep + 1]
-    m = segmentation_metrics(matrix[np.ix_(index, index)])
-    names = [labels[k] for k in keep]
-
-    def record(kind, value, **parameters):
-        return {"type": kind, "value": value, "parameters": parameters, **base}
-
-    yield record("Accuracy", float(m["accuracy"]))
-    yield record("mIOU", float(m["mIOU"]))
-    for i, name in enumerate(names):
-        yield record("IOU", float(m["IOU"][i]), label=name)
-        yield record("Precision", float(m["precision"][i]), label=name)
-        yield record("Recall", float(m["recall"][i]), label=name)
-        yield record("F1", float(m["f1"][i]), label=name)
-    inner = matrix[np.ix_(index, index)]
-    yield record("ConfusionMatrix", {
-        "confusion_matrix": {g: {p: {"iou": float(m["iou"][i, j]), "count": int(inner[i + 1, j + 1])}
-                                 for j, p in enumerate(names)} for i, g in enumerate(names)},
-        "unmatched_predictions": {p: {"ratio": float(m["unmatched_prediction_ratio"][j]),
-                                      "count": int(m["unmatched_prediction_pixels"][j])}
-                                  for j, p in enumerate(names)},
-        "unmatched_ground_truths": {g: {"ratio": float(m["unmatched_groundtruth_ratio"][i]),
-                                        "count": int(m["unmatched_groundtruth_pixels"][i])}
-                                    for i, g in enumerate(names)},
-    })
-
-
 def pixel_labels(element, labels) -> tuple:
     """((model, slice JSON), SegmentationState) -> (model, ground-truth labels, predicted labels):
     the labels with pixels on each side (ignored pixels and "no label" left out)."""
     (model, _), state = element
-    matrix = state.matrix
-    truth = np.flatnonzero(matrix[1:, :].sum(axis=1) > 0)
-    predicted = np.flatnonzero(matrix[:, 1:].sum(axis=0) > 0)
-    return model, {labels[k] for k in truth.tolist()}, {labels[k] for k in predicted.tolist()}
+    return (model, *pixel_label_sets(state, labels))
 
 
 def overall_slice(element) -> bool:
@@ -394,25 +322,22 @@ def vocabulary_problems(found: list) -> list:
     return label_problems({None: truth}, {model: {None: predicted} for model, _, predicted in found})
 
 
-def _evaluate(pbegin, read, models, slices, label_names, ignore_id, unlabeled_id, files, quiet,
-              started, limits: ImageLimits, max_labels: int):
+def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started):
     """The shared tail: labels side input, match per shard, combine, records; and the run's
     label findings (transforms.outputs.problem dicts)."""
-    declared = sorted(set((label_names or {}).values()))
+    declared = sorted(set((config.label_names or {}).values()))
     labels = beam.pvalue.AsSingleton(
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
         | "AllLabels" >> beam.Flatten()
         | "Labels" >> beam.CombineGlobally(LabelSet()))
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Match" >> beam.ParDo(MatchSegmentation(
-                   models, slices, label_names, ignore_id, files, quiet, started, unlabeled_id,
-                   limits, max_labels),
-                   labels)
+               | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started),
+                                       labels)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
     combined = matched.partials | "Combine" >> beam.CombinePerKey(MergeStates())
-    metrics = combined | "Records" >> beam.FlatMap(records, labels)
+    metrics = combined | "Records" >> beam.FlatMap(records_of, state_records, labels)
     problems = (combined
                 | "Overall" >> beam.Filter(overall_slice)
                 | "PixelLabels" >> beam.Map(pixel_labels, labels)
@@ -438,28 +363,19 @@ class EvaluateSegmentationFiles(beam.PTransform):
 
     def __init__(self, config: SegmentationConfig, job):
         super().__init__()
-        self.unlabeled_id = config.unlabeled_id
-        self.sources = job.sources
-        self.models = list(job.models)
-        self.slices = list(job.slices)
-        self.label_names = config.label_names
-        self.ignore_id = config.ignore_id
-        self.num_shards = job.num_shards
-        self.quiet = job.quiet
-        self.started = job.started
-        self.limits = config.limits
-        self.max_labels = config.max_labels
+        self.config = config
+        self.job = job
 
     def expand(self, pbegin):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
+        job = self.job
+        slice_keys = sorted({k for spec in job.slices for k in spec})
         read = pbegin | "ReadFiles" >> ReadFiles(
-            self.sources, ReadSegmentationFile(self.sources, slice_keys, self.num_shards, self.quiet,
-                                               self.started, self.limits),
+            job.sources, ReadSegmentationFile(job.sources, slice_keys, job.num_shards, job.quiet,
+                                              job.started, self.config.limits),
             (TAG_REJECTED, TAG_STATS, TAG_LABELS))
         return Evaluated(*_evaluate(
-            pbegin, read, self.models, self.slices, self.label_names, self.ignore_id,
-            self.unlabeled_id, {n: s.files for n, s in self.sources.items()}, self.quiet,
-            self.started, self.limits, self.max_labels))
+            pbegin, read, list(job.models), list(job.slices), self.config,
+            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started))
 
 
 class EvaluateSegmentation(beam.PTransform):
@@ -491,7 +407,8 @@ class EvaluateSegmentation(beam.PTransform):
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_LABELS),
                                          "EvaluateSegmentation")
         pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
-        metrics, rejected, stats, _ = _evaluate(pbegin, read, models, self.slices, self.label_names,
-                                                self.ignore_id, self.unlabeled_id, {}, True, 0.0,
-                                                self.limits, self.max_labels)
+        config = SegmentationConfig(self.label_names, self.ignore_id, self.unlabeled_id,
+                                    self.limits, self.max_labels)
+        metrics, rejected, stats, _ = _evaluate(pbegin, read, models, self.slices, config, {},
+                                                True, 0.0)
         return (metrics, rejected, stats) if self.with_diagnostics else metrics

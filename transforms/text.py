@@ -2,9 +2,10 @@
 
 Rows are checked when read (schemas/text_rows.py) and keyed by FNV-1a(datum_uid) mod S; each
 shard joins ground truth and each model's predictions and scores every datum
-(transforms/kernels/text_scores.py). The per-datum score rows go to one part file per shard
+(transforms/kernels/text.py). The per-datum score rows go to one part file per shard
 (sorted), merged into scores.jsonl by one streaming k-way merge, so their order is the same for
-any shard or worker count; the sums per (model, slice) are added by a CombineFn.
+any shard or worker count; the states per (model, slice) are merged by transforms.merge.MergeStates
+and turned into records by the kernel's state_records.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from evalbeam.schemas.rows import canonical_json, reject
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated
 from evalbeam.transforms.judge.report import judge_problems, judge_report
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, MergeStates, ProgressDoFn, ReadFiles, join,
-                           merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
+                                    merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
 from evalbeam.transforms.judge.session import merge_counters
 from evalbeam.schemas.hashing import uid_shards
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
-from evalbeam.transforms.kernels.text_scores import LOCAL_METRICS, TextConfig, TextState, score_datum
+from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
+                                              state_records)
+from evalbeam.transforms.merge import MergeStates, records_of
 
 GROUNDTRUTHS = "groundtruths"
 TAG_SCORES = "scores"
@@ -235,13 +238,6 @@ def merge_score_parts(parts: list, path: str) -> int:
     return merge_sorted_parts(parts, path, "datum_uid")
 
 
-def records(element, config: TextConfig):
-    (model, slice_json), state = element
-    base = {"model": model, "slice": json.loads(slice_json)}
-    for record in state.records(config):
-        yield {**record, **base}
-
-
 def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
@@ -250,7 +246,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, main="partials"))
     metrics = (matched.partials
                | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records, config))
+               | "Records" >> beam.FlatMap(records_of, state_records, config))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)

@@ -80,7 +80,7 @@ def detection() -> None:
 
 
 def segmentation() -> None:
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "segmentation")]
     from pathlib import Path
 
     from test_segmentation import random_maps, write_inputs
@@ -94,7 +94,7 @@ def segmentation() -> None:
 
 
 def text() -> None:
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "text")]
     from test_text_pipeline import make_rows
 
     gt, predictions = make_rows(seed=4, n=50)

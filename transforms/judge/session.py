@@ -16,7 +16,7 @@ journal keeps it, plus "cached"):
   max_cost / workers, the estimate reserved before sending and settled from the usage after),
   and appended to the journal as soon as it is final. Past the budget: status "not_sent".
 - dry run: nothing is sent. The answer is simulated locally by the stand-in judge's rules
-  (pipelines/judge_server.py) so that multi-step metrics go on to their later steps and those
+  (transforms/judge/stand_in.py) so that multi-step metrics go on to their later steps and those
   calls are counted too; records have status "dry_run" with the simulated content, and the
   estimate of tokens is ceil(chars / 4) of the prompt plus that of the simulated answer.
 
@@ -37,6 +37,7 @@ import json
 import os
 import time
 
+from evalbeam.transforms.judge import stand_in
 from evalbeam.transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
 from evalbeam.transforms.judge.requests import request_hash
 
@@ -58,16 +59,14 @@ def response_record(response, request, settings) -> dict:
 
 def simulated_content(request):
     """What the stand-in judge would answer (dry runs): (content, answer text)."""
-    from evalbeam.pipelines import judge_server
-
     if request.kind == "embedding":
-        return judge_server.embed(request.messages[0][1], judge_server.EMBEDDING_DIM), ""
+        return stand_in.embed(request.messages[0][1], stand_in.EMBEDDING_DIM), ""
     body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
     if request.schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": request.template or "judge",
                                                    "schema": request.schema, "strict": True}}
-    text, wants_json = judge_server.chat_answer(body, request_hash(request))
+    text, wants_json = stand_in.chat_answer(body, request_hash(request))
     return (json.loads(text) if wants_json else text), text
 
 

@@ -1,5 +1,9 @@
 """Classification: per-shard matching, mergeable partial state and final metrics (pure numpy).
 
+ClassificationConfig is the whole configuration; match_key fills one label key's KeyState from one
+shard; ClassificationState holds the KeyStates of one (model, slice) and merges them;
+state_records turns a merged state into metric records.
+
 Vocabulary. Each label key k has a global sorted vocabulary of label values (the union of ground
 truth and predicted values over the whole input); value index i is the i-th string in sorted order,
 so "smallest index" means "lexicographically smallest value". Shards share the vocabulary, so
@@ -184,6 +188,45 @@ class KeyState:
         hist = ScoreHistogram.merge(self.hist_parts)
         self.hist_parts = [hist] if len(hist) else []
         return hist
+
+
+
+class ClassificationState:
+    """Partial state of one (model, slice): {label key: KeyState} (by_key), with the
+    configuration that merging needs (KeyState.merge keeps config.max_examples examples).
+
+    merge is exact and order-free, key by key; a key present in one state only is copied over.
+    """
+
+    def __init__(self, config: ClassificationConfig, by_key: dict[str, KeyState] | None = None):
+        self.config = config
+        self.by_key = {} if by_key is None else by_key
+
+    def add_key(self, key: str, state: KeyState) -> "ClassificationState":
+        """Add one label key's partial state (match_key's, which this state now owns)."""
+        if key in self.by_key:
+            self.by_key[key].merge(state, self.config)
+        else:
+            self.by_key[key] = state
+        return self
+
+    def copy(self) -> "ClassificationState":
+        return ClassificationState(self.config, {key: state.copy() for key, state in self.by_key.items()})
+
+    def merge(self, other: "ClassificationState") -> "ClassificationState":
+        """Add other into self and return self (other is left as it was)."""
+        for key, state in other.by_key.items():
+            if key in self.by_key:
+                self.by_key[key].merge(state, self.config)
+            else:
+                self.by_key[key] = state.copy()
+        return self
+
+    def compact(self) -> "ClassificationState":
+        """Merge each key's pending score histograms (before the state is shipped or read)."""
+        for state in self.by_key.values():
+            state.compact()
+        return self
 
 
 def winners(entry_datum: np.ndarray, entry_value: np.ndarray, entry_score: np.ndarray) -> np.ndarray:
@@ -458,6 +501,17 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
         records.append({"type": "DetailedPrecisionRecallCurve",
                         "value": _detailed_value(state, present, vocabulary, config),
                         "parameters": {"label_key": key, "max_examples": config.max_examples}})
+    return records
+
+
+def state_records(state: ClassificationState, vocab: dict[str, list[str]],
+                  config: ClassificationConfig) -> list[dict]:
+    """Metric records ({"type", "value", "parameters"}) of a merged state: key_metrics of each
+    label key, keys in sorted order; vocab: {key: sorted values}, the vocabulary the state's
+    value indices refer to."""
+    records = []
+    for key in sorted(state.by_key):
+        records.extend(key_metrics(state.by_key[key], key, vocab[key], config))
     return records
 
 

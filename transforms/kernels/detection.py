@@ -17,15 +17,21 @@ Pure numpy; the semantics are pycocotools' COCOeval, reproduced exactly:
   thresholds; -1 where a category has no non-ignored ground truth.
 Matching is vectorised over detection rank: step j handles the j-th detection of every group
 (image, category, area range) at once, for all IoU thresholds together.
+
+Also the task's configuration (Protocol, DetectionConfig), its partial state (DetectionState,
+which wraps the protocol's states) and state_records, which turns a merged state into records.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.transforms.kernels.detection_confusion import ConfusionState
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
 IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
@@ -669,3 +675,288 @@ def detailed_curve(dt_label, dt_score, dt_matched, dt_misclassified, gt_label, g
     examples = ExampleSet(group[chosen], where[0][chosen].astype(np.uint64), uids,
                           np.zeros(chosen.size)).reduce(k)
     return DetailedState(counts, examples, k)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@dataclass(frozen=True)
+class Protocol:
+    """How detections are matched and averaged: "coco" (pycocotools: maxDets, four area ranges,
+    crowd regions) or "valor" (every detection, one area range, crowd flags ignored)."""
+
+    name: str = "coco"
+    iou_thresholds: tuple = tuple(IOU_THRESHOLDS.tolist())
+    score_thresholds: tuple = (0.5,)
+    pr_curve_thresholds: tuple = tuple(round(0.05 * i, 2) for i in range(1, 20))
+    pr_curve_iou_threshold: float = 0.5
+    score_bins: int | None = None   # constant-memory state, AP as [lower, upper] bounds
+    max_examples: int = 1
+
+    @property
+    def detailed(self) -> bool:
+        """The valor protocol also builds the DetailedPrecisionRecallCurve."""
+        return self.name == "valor"
+
+    @property
+    def matching_thresholds(self) -> tuple:
+        """The IoU thresholds matched: the metric thresholds plus the PR curve's (valor)."""
+        if self.name == "coco":
+            return self.iou_thresholds
+        return tuple(sorted(set(self.iou_thresholds) | {self.pr_curve_iou_threshold}))
+
+    @property
+    def counted_score_thresholds(self) -> np.ndarray:
+        """Score thresholds with exact counts under --score_bins (valor: metrics and curve)."""
+        return np.array(sorted(set(self.score_thresholds) | set(self.pr_curve_thresholds)))
+
+    def binned(self, state: "DetectionState") -> "DetectionState":
+        """The constant-memory form of a shard's state (--score_bins)."""
+        thresholds = np.array(self.matching_thresholds)
+        if self.name == "coco":
+            return DetectionState(BinnedState.from_state(state.matches, self.score_bins, thresholds,
+                                                         MAX_DETS))
+        return DetectionState(ValorBinnedState.from_state(state.matches, self.score_bins, thresholds,
+                                                          self.counted_score_thresholds),
+                              state.detailed, state.confusion)
+
+    @property
+    def options(self) -> dict:
+        thresholds = np.array(self.matching_thresholds)
+        if self.name == "coco":
+            return {"thresholds": thresholds}
+        return {"thresholds": thresholds, "max_det": None, "area_ranges": VALOR_AREA_RANGES}
+
+
+COCO = Protocol()
+VALOR = Protocol("valor")
+
+
+class DetectionConfig(NamedTuple):
+    """What `evalbeam detection` evaluates: iou_type "bbox" or "segm"; protocol (COCO or a
+    valor Protocol); native: the inputs are native rows (else COCO files); max_image_pixels:
+    the largest mask a row may hold."""
+
+    iou_type: str = "bbox"
+    protocol: Protocol = COCO
+    native: bool = False
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+
+
+# ----------------------------------------------------------------------------- the state
+
+@dataclass
+class DetectionState:
+    """The partial state of one (model, slice): matches, a CocoState (exact) or, under
+    --score_bins, a BinnedState (coco protocol) or ValorBinnedState (valor protocol); with the
+    valor protocol also the DetailedState (DetailedPrecisionRecallCurve) and the ConfusionState
+    (ConfusionMatrix), None otherwise. Merging merges each part (exact and order-free)."""
+
+    matches: "CocoState | BinnedState | ValorBinnedState"
+    detailed: "DetailedState | None" = None
+    confusion: "ConfusionState | None" = None
+
+    def copy(self) -> "DetectionState":
+        return DetectionState(self.matches.copy(),
+                              None if self.detailed is None else self.detailed.copy(),
+                              None if self.confusion is None else self.confusion.copy())
+
+    def merge(self, other: "DetectionState") -> "DetectionState":
+        self.matches = self.matches.merge(other.matches)
+        if self.detailed is not None:
+            self.detailed = self.detailed.merge(other.detailed)
+        if self.confusion is not None:
+            self.confusion = self.confusion.merge(other.confusion)
+        return self
+
+
+# ----------------------------------------------------------------------------- records
+
+def state_records(state: DetectionState, categories: dict, config: DetectionConfig):
+    """A merged DetectionState -> the metric records of the protocol (without model and slice).
+
+    categories: {"id": category ids, ascending, "name": their names} (the state's label k is
+    the k-th). coco: COCOSummary, then one COCOClassSummary per category (twice, lower and upper
+    bound, under --score_bins); valor: Valor's records (_valor_records), the
+    DetailedPrecisionRecallCurve and the ConfusionMatrix records, for the labels present."""
+    protocol, iou_type = config.protocol, config.iou_type
+    matches = state.matches
+    if protocol.name == "valor":
+        yield from _valor_records(matches, categories, protocol)
+        present = matches.present if isinstance(matches, ValorBinnedState) else valor_present(matches)
+        yield {"type": "DetailedPrecisionRecallCurve",
+               "value": _detailed_value(state.detailed, categories, protocol, present),
+               "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
+                              "max_examples": protocol.max_examples}}
+        yield from _confusion_records(state.confusion, categories, protocol, present)
+        return
+    if isinstance(matches, BinnedState):
+        yield from _binned_records(matches, categories, iou_type)
+        return
+    precision, recall = accumulate(matches)
+    yield {"type": "COCOSummary", "value": summarize(precision, recall),
+           "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)}}
+    for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
+        yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
+               "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
+                              "category_id": cid}}
+
+
+def _binned_records(state: BinnedState, categories, iou_type: str):
+    """COCOSummary and COCOClassSummary records of a --score_bins run: one with the lower and one
+    with the upper bound of each statistic (the exact value lies between; AR is exact)."""
+    for bound, upper in (("lower", False), ("upper", True)):
+        precision, recall = accumulate_binned(state, upper=upper)
+        parameters = {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS),
+                      "score_bins": state.n_bins, "bound": bound}
+        yield {"type": "COCOSummary", "value": summarize(precision, recall),
+               "parameters": parameters}
+        for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
+            yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
+                   "parameters": dict(parameters, label=name, category_id=cid)}
+
+
+AP_KINDS = ("AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs")
+
+
+def _valor_records(state, categories, protocol: Protocol):
+    """Valor's records (valor-lite's names and parameters) for the labels present. Under
+    --score_bins (a ValorBinnedState) the AP family comes twice, as lower and upper bounds
+    (parameters score_bins and bound); everything else is exact and comes once."""
+    matched = list(protocol.matching_thresholds)
+    ious = list(protocol.iou_thresholds)
+    use = [matched.index(t) for t in ious]
+    scores = list(protocol.score_thresholds)
+    if isinstance(state, ValorBinnedState):
+        for bound in ("lower", "upper"):
+            m = state.metrics(np.array(matched), scores, use, upper=bound == "upper")
+            records = _valor_metric_records(m, categories, ious, use, scores,
+                                            {"score_bins": protocol.score_bins, "bound": bound})
+            yield from (r for r in records if (r["type"] in AP_KINDS) or bound == "lower")
+        curve_counts = state.curve_counts(protocol.pr_curve_thresholds)
+        present = state.present
+    else:
+        m = valor_metrics(state, np.array(matched), np.array(scores), use)
+        yield from _valor_metric_records(m, categories, ious, use, scores, {})
+        curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
+        present = m["present"]
+    i = matched.index(protocol.pr_curve_iou_threshold)
+    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
+    curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
+                    for j, s in enumerate(protocol.pr_curve_thresholds)}
+             for k, name in labels}
+    yield {"type": "PrecisionRecallCurve", "value": curve,
+           "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}}
+
+
+def _valor_metric_records(m: dict, categories, ious, use, scores, extra: dict):
+    """The scalar and Counts records of valor_metrics_from's output m; extra parameters are
+    added to the AP family only."""
+    present = m["present"]
+    labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
+
+    def record(kind, value, **parameters):
+        if kind in AP_KINDS:
+            parameters.update(extra)
+        return {"type": kind, "value": value if isinstance(value, dict) else float(value),
+                "parameters": parameters}
+
+    for t, iou in enumerate(ious):
+        for k, name in labels:
+            yield record("AP", m["AP"][t, k], iou_threshold=iou, label=name)
+        yield record("mAP", m["mAP"][t], iou_threshold=iou)
+    for k, name in labels:
+        yield record("APAveragedOverIOUs", m["APAveragedOverIOUs"][k], iou_thresholds=ious, label=name)
+    yield record("mAPAveragedOverIOUs", m["mAPAveragedOverIOUs"], iou_thresholds=ious)
+    for j, s in enumerate(scores):
+        for k, name in labels:
+            yield record("AR", m["AR"][j, k], iou_thresholds=ious, score_threshold=s, label=name)
+        yield record("mAR", m["mAR"][j], iou_thresholds=ious, score_threshold=s)
+    for k, name in labels:
+        yield record("ARAveragedOverScores", m["ARAveragedOverScores"][k], iou_thresholds=ious,
+                     score_thresholds=scores, label=name)
+    yield record("mARAveragedOverScores", m["mARAveragedOverScores"], iou_thresholds=ious,
+                 score_thresholds=scores)
+    for t, iou in zip(use, ious):
+        for j, s in enumerate(scores):
+            for k, name in labels:
+                params = {"iou_threshold": iou, "score_threshold": s, "label": name}
+                counts = _counts(m["counts"][t, j, k])
+                yield record("Counts", {key: counts[key] for key in ("tp", "fp", "fn")}, **params)
+                for kind, key in (("Precision", "precision"), ("Recall", "recall"), ("F1", "f1_score")):
+                    yield record(kind, counts[key], **params)
+
+
+def valor_present(state: CocoState) -> np.ndarray:
+    """Labels with ground truth or predictions."""
+    return (state.n_gt[:, 0] > 0) | (np.bincount(state.category, minlength=state.n_categories) > 0)
+
+
+def _detailed_value(detailed: DetailedState, categories, protocol: Protocol, present) -> dict:
+    """{label: {"0.05": {"tp": ..., "fp": ..., "fn": ...}}} in Valor's shape, with examples."""
+    K, C = len(categories["name"]), 5
+    examples: dict = {}
+    for group, uid in zip(detailed.examples.group.tolist(), detailed.examples.uid.tolist()):
+        examples.setdefault(group, []).append(json.loads(uid))
+    value = {}
+    for k, name in enumerate(categories["name"]):
+        if not present[k]:
+            continue
+        per_threshold = {}
+        for p, threshold in enumerate(protocol.pr_curve_thresholds):
+            counts = detailed.counts[p, k]
+
+            def observation(category: int) -> dict:
+                return {"count": int(counts[category]),
+                        "examples": examples.get((p * C + category) * K + k, [])}
+
+            per_threshold[repr(float(threshold))] = {
+                "tp": {"total": int(counts[0]), "observations": {"all": observation(0)}},
+                "fp": {"total": int(counts[1] + counts[2]), "observations": {
+                    "misclassifications": observation(1), "hallucinations": observation(2)}},
+                "fn": {"total": int(counts[3] + counts[4]), "observations": {
+                    "misclassifications": observation(3), "missed_detections": observation(4)}},
+            }
+        value[name] = per_threshold
+    return value
+
+
+def _confusion_records(confusion: ConfusionState, categories, protocol: Protocol, present):
+    """One ConfusionMatrix per (IoU threshold, score threshold), valor-lite's shape: plain
+    counts with --max_examples 0, else {"count", "examples"} in every cell."""
+    names = list(categories["name"])
+    K, S = len(names), len(protocol.score_thresholds)
+    width = K * K + 2 * K
+    labels = [k for k in range(K) if present[k]]
+    examples: dict = {}
+    for group, uid in zip(confusion.examples.group.tolist(), confusion.examples.uid.tolist()):
+        examples.setdefault(group, []).append(json.loads(uid))
+    for t, iou in enumerate(protocol.iou_thresholds):
+        for s, score in enumerate(protocol.score_thresholds):
+            matrix, unmatched_gt, unmatched_dt = confusion.unpack(t, s)
+            base_group = (t * S + s) * width
+
+            def cell(count, group):
+                if not protocol.max_examples:
+                    return int(count)
+                return {"count": int(count), "examples": examples.get(base_group + group, [])}
+
+            value = {
+                "confusion_matrix": {names[g]: {names[p]: cell(matrix[g, p], g * K + p) for p in labels}
+                                     for g in labels},
+                "unmatched_predictions": {names[p]: cell(unmatched_dt[p], K * K + K + p) for p in labels},
+                "unmatched_ground_truths": {names[g]: cell(unmatched_gt[g], K * K + g) for g in labels},
+            }
+            yield {"type": "ConfusionMatrix", "value": value,
+                   "parameters": {"iou_threshold": iou, "score_threshold": score,
+                                  "max_examples": protocol.max_examples}}
+
+
+def _counts(tp_fp_fn) -> dict:
+    """tp, fp, fn with precision, recall and F1 (0 when undefined)."""
+    tp, fp, fn = (int(v) for v in tp_fp_fn)
+
+    def ratio(numerator, denominator):
+        return numerator / denominator if denominator else 0.0
+
+    return {"tp": tp, "fp": fp, "fn": fn, "precision": ratio(tp, tp + fp),
+            "recall": ratio(tp, tp + fn), "f1_score": ratio(2 * tp, 2 * tp + fp + fn)}

@@ -1,8 +1,11 @@
-"""Mask IoU through pycocotools' C mask API (run-length encoded masks, no decoding)."""
+"""Mask IoU through pycocotools' C mask API (run-length encoded masks, no decoding), and the IoU
+of native geometries (shapely polygons and Rasters, schemas/detection_rows.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from evalbeam.schemas.detection_rows import Raster
 
 
 def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):
@@ -55,38 +58,6 @@ def pair_polygon_iou(dt_shapes: list, gt_shapes: list):
     return iou
 
 
-class Raster:
-    """A native raster annotation: a compressed COCO RLE ({"size": [h, w], "counts": bytes}).
-    Pixel (row y, column x) is the unit square [x, x + 1] x [y, y + 1], so its polygon form
-    (as_polygon) has exactly the mask's area and a raster's IoU is the same in either form."""
-
-    __slots__ = ("rle",)
-
-    def __init__(self, rle: dict):
-        self.rle = rle
-
-    def __reduce__(self):
-        return Raster, (self.rle,)
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return tuple(self.rle["size"])
-
-    @property
-    def area(self) -> float:
-        from pycocotools import mask as mask_utils
-
-        return float(mask_utils.area(self.rle))
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax) of the set pixels (zeros for an empty mask)."""
-        from pycocotools import mask as mask_utils
-
-        x, y, w, h = (float(v) for v in mask_utils.toBbox(self.rle))
-        return x, y, x + w, y + h
-
-
 def as_polygon(geometry):
     """A shapely geometry of a raster (the union of its pixel squares) or the geometry itself."""
     import shapely
@@ -104,14 +75,6 @@ def as_polygon(geometry):
     _, end_y = np.nonzero(edges.T == -1)
     boxes = shapely.box(start_x, start_y, start_x + 1, end_y)
     return shapely.union_all(boxes)
-
-
-def geometry_area(geometries: list) -> np.ndarray:
-    """float64 areas of shapely geometries and Rasters (pixel counts)."""
-    import shapely
-
-    return np.array([g.area if isinstance(g, Raster) else shapely.area(g) for g in geometries],
-                    dtype=np.float64)
 
 
 def pair_geometry_iou(dt_geometries: list, gt_geometries: list):

@@ -64,10 +64,14 @@ take about 2 s, encode_ids about 3 s more (one argsort of the doc ids' 8-byte wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+
+from evalbeam.schemas.retrieval_rows import (as_strings, iter_string_words, string_chunks,
+                                             string_lengths, string_width)
+from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
 
 DEFAULT_KS = (1, 3, 5, 10, 20, 100, 1000)
 DEFAULT_RECALL_POINTS = tuple(round(0.1 * i, 1) for i in range(11))
@@ -145,17 +149,6 @@ class EncodedIds:
     n_docs: int
 
 
-def as_strings(values) -> pa.Array | pa.ChunkedArray:
-    """Arrow strings (string or large_string, chunked or not) from Arrow arrays, numpy arrays or
-    lists; Arrow input is returned as it is."""
-    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
-        values = pa.array(values if isinstance(values, list) else np.asarray(values, dtype=object),
-                          pa.string())
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        raise TypeError(f"expected strings, got {values.type}")
-    return values
-
-
 def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks() if values.num_chunks else pa.array([], values.type)
@@ -185,61 +178,6 @@ def string_words(strings, skip: int = 0) -> tuple[list[np.ndarray], np.ndarray, 
     return words, lengths, has_nul
 
 
-def string_lengths(strings) -> tuple[int, int]:
-    """(shortest, longest) byte length, (0, 0) when empty."""
-    shortest, longest = None, 0
-    for chunk in _chunks(as_strings(strings)):
-        lengths = np.diff(_layout(chunk)[0])
-        low = int(lengths.min())
-        shortest = low if shortest is None else min(shortest, low)
-        longest = max(longest, int(lengths.max()))
-    return shortest or 0, longest
-
-
-def string_width(strings, skip: int = 0) -> int:
-    """Words needed by the longest string after skip bytes (at least 1)."""
-    return max(1, -(-(string_lengths(strings)[1] - skip) // 8))
-
-
-def iter_string_words(strings, width: int, skip: int = 0, rows: int = 1 << 16):
-    """string_words a slice at a time, to use the words without holding all of them:
-    yields (lo, hi, words of rows lo..hi-1, their lengths, whether they hold a 0 byte)."""
-    lo = 0
-    for chunk in _chunks(as_strings(strings)):
-        offsets, data = _layout(chunk)
-        if data.size < 8:
-            data = np.r_[data, np.zeros(8, np.uint8)]
-        # One unaligned big-endian word starting at every byte of the buffer, read without a
-        # copy. The few reads that would pass the end of the buffer come from a padded copy.
-        at_byte = np.ndarray(shape=(data.size - 7,), dtype=">u8", buffer=data, strides=(1,))
-        tail_from = data.size - 8
-        tail = np.r_[data[tail_from:], np.zeros(8 * width, np.uint8)]
-        at_tail = np.ndarray(shape=(tail.size - 7,), dtype=">u8", buffer=tail, strides=(1,))
-        for first in range(0, offsets.size - 1, rows):
-            bounds = offsets[first: first + rows + 1]
-            used = data[int(bounds[0]):int(bounds[-1])]
-            lengths = np.diff(bounds).astype(np.int64) - skip
-            position = bounds[:-1].astype(np.int64) + skip
-            words = []
-            for j in range(width):
-                past_end = position > tail_from
-                if past_end.any():
-                    word = at_byte[np.where(past_end, 0, position)].astype(np.uint64)
-                    word[past_end] = at_tail[position[past_end] - tail_from]
-                else:
-                    word = at_byte[position].astype(np.uint64)
-                remaining = lengths - 8 * j
-                if not (remaining >= 8).all():
-                    # Keep the word's first `remaining` bytes: numpy shifts uint64 by 64 to 0.
-                    shift = (64 - 8 * np.clip(remaining, 0, 8)).astype(np.uint64)
-                    word >>= shift
-                    word <<= shift
-                words.append(word)
-                position += 8
-            yield lo, lo + lengths.size, words, lengths, bool(used.size and not used.all())
-            lo += lengths.size
-
-
 def common_prefix(parts) -> int:
     """Length of the longest byte prefix shared by every string of every part."""
     parts = [p for p in parts if len(p)]
@@ -261,20 +199,6 @@ def common_prefix(parts) -> int:
         if equal_bytes < 8:
             break
     return min(prefix, shortest)
-
-
-def _chunks(strings) -> list[pa.Array]:
-    chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
-    return [c for c in chunks if len(c)]
-
-
-def _layout(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, data bytes) of an Arrow string array, as numpy views."""
-    _, offsets_buf, data_buf = chunk.buffers()
-    offset_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, offset_type)[chunk.offset: chunk.offset + len(chunk) + 1]
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return offsets, data
 
 
 def _dense_rank(keys: np.ndarray) -> np.ndarray:
@@ -383,7 +307,7 @@ def encode_ids(qrels_query, qrels_doc, run_query, run_doc) -> EncodedIds:
     qrels_query, run_query = as_strings(qrels_query), as_strings(run_query)
     (qq, rq), first = sorted_codes(qrels_query, run_query)
     (qd, rd), _ = sorted_codes(qrels_doc, run_doc, first_index=False)
-    both = [c for part in (qrels_query, run_query) for c in _chunks(part)]
+    both = [c for part in (qrels_query, run_query) for c in string_chunks(part)]
     if len({c.type for c in both}) > 1:
         both = [c.cast(pa.large_string()) for c in both]
     query_ids = _flat(pa.chunked_array(both, both[0].type if both else pa.string())
@@ -719,3 +643,66 @@ def aggregate(values: dict[str, np.ndarray]) -> dict[str, float]:
         else:
             out[name] = float(np.mean(column)) if column.size else 0.0
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# State of one (model, slice) and its metric records
+
+# record type and parameters of each measure family (trec_eval names)
+FAMILIES = {"P": "Precision", "recall": "Recall", "F1": "F1", "success": "Hit", "map_cut": "MAP",
+            "dcg_cut": "DCG", "ndcg_cut": "NDCG"}
+SINGLE = {"recip_rank": "MRR", "map": "MAP", "Rprec": "RPrecision", "ndcg": "NDCG"}
+
+
+def record_of(measure: str):
+    """(record type, parameters) of a measure name, or None for measures not reported."""
+    if measure in SINGLE:
+        return SINGLE[measure], {}
+    family, _, k = measure.rpartition("_")
+    if family in FAMILIES and k.isdigit():
+        return FAMILIES[family], {"k": int(k)}
+    return None
+
+
+@dataclass
+class RetrievalState:
+    """Per (model, slice): the number of queries evaluated and the exact totals of each measure
+    (transforms/kernels/exact_sum.py: {exponent: integer sum}), so that merging is exact and
+    order-free and the averages are the same for any sharding."""
+
+    queries: int = 0
+    totals: dict = field(default_factory=dict)
+
+    def add_queries(self, values: dict[str, np.ndarray], index: np.ndarray) -> "RetrievalState":
+        """Add the queries at positions `index` of evaluate()'s per-query values."""
+        self.queries += int(index.size)
+        for name, column in values.items():
+            self.totals[name] = merge_totals(self.totals.get(name, {}), exact_totals(column[index]))
+        return self
+
+    def merge(self, other: "RetrievalState") -> "RetrievalState":
+        self.queries += other.queries
+        for name, total in other.totals.items():
+            self.totals[name] = merge_totals(self.totals.get(name, {}), total)
+        return self
+
+    def copy(self) -> "RetrievalState":
+        return RetrievalState(self.queries, {k: dict(v) for k, v in self.totals.items()})
+
+
+def state_records(state: RetrievalState, config: RetrievalConfig):
+    """Averages (sums for the counts in SUMMED) of the reported measures, as trec_eval's `all`
+    line: a "Queries" record (the number of queries averaged over, with the settings that
+    decide it), then one record per measure in name order. Records have "type", "value",
+    "parameters"; transforms.merge.records_of adds "model" and "slice"."""
+    settings = {"relevance_level": config.relevance_level, "max_docs": config.max_docs_per_query,
+                "complete": config.complete}
+    yield {"type": "Queries", "value": state.queries, "parameters": settings}
+    for name in sorted(state.totals):
+        found = record_of(name)
+        if found is None:
+            continue
+        kind, parameters = found
+        total = total_value(state.totals[name])
+        value = total if name in SUMMED else (total / state.queries if state.queries else 0.0)
+        yield {"type": kind, "value": value, "parameters": parameters}

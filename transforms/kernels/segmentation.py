@@ -7,11 +7,13 @@ ground-truth pixel left out of every count (the label map's ignore id).
 
 The confusion matrix has K + 1 rows and columns: row/column 0 is "unlabeled", row/column k + 1
 is label k; matrix[g, p] counts the pixels whose ground truth is g and prediction is p. It is
-additive over datums, so shards and workers merge it exactly.
+additive over datums, so shards and workers merge it exactly: SegmentationState sums it per
+(model, slice), and state_records turns a merged state into Valor's records.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +38,35 @@ class SegmentationConfig(NamedTuple):
     max_labels: int = MAX_LABELS
 
 
+@dataclass
+class SegmentationState:
+    """The partial state of one (model, slice): matrix int64[K + 1, K + 1] (the pixel confusion
+    matrix of the module docstring, summed over datums); declared bool[K]: labels named by a
+    segment of an evaluated row (reported even without pixels, as Valor does). K is the run's
+    number of labels, the same in every state (codes are indices into the sorted label names)."""
+
+    matrix: np.ndarray
+    declared: np.ndarray
+
+    @classmethod
+    def empty(cls, n_labels: int) -> "SegmentationState":
+        return cls(np.zeros((n_labels + 1, n_labels + 1), dtype=np.int64),
+                   np.zeros(n_labels, dtype=bool))
+
+    def add_datum(self, matrix: np.ndarray, declared: list[int]) -> None:
+        """Add one datum: its pixel_confusion matrix and the codes its segments name."""
+        self.matrix += matrix
+        self.declared[declared] = True
+
+    def merge(self, other: "SegmentationState") -> "SegmentationState":
+        self.matrix = self.matrix + other.matrix
+        self.declared = self.declared | other.declared
+        return self
+
+    def copy(self) -> "SegmentationState":
+        return SegmentationState(self.matrix.copy(), self.declared.copy())
+
+
 class UnknownIds(Exception):
     """Label-map ids that the lookup table does not name: side is "groundtruth" or "prediction",
     ids the (sorted) offending ids."""
@@ -44,6 +75,21 @@ class UnknownIds(Exception):
         super().__init__(f"{side} ids {ids}")
         self.side = side
         self.ids = ids
+
+
+def lookup_table(label_names: dict, codes: dict, ignore_id: int | None, unlabeled_id: int | None,
+                 groundtruth: bool) -> np.ndarray:
+    """int32[65536] table from label-map id to label code: UNKNOWN for ids --label_names does not
+    name, the unlabeled id to UNLABELED, the ignore id to IGNORED (ground truth: left out) or
+    UNLABELED (predictions: no label)."""
+    table = np.full(65536, UNKNOWN, dtype=np.int32)
+    for i, name in label_names.items():
+        table[i] = codes[name]
+    if unlabeled_id is not None:
+        table[unlabeled_id] = UNLABELED
+    if ignore_id is not None:
+        table[ignore_id] = IGNORED if groundtruth else UNLABELED
+    return table
 
 
 def label_ids(shape: tuple[int, int], masks, n_masks: int) -> tuple[np.ndarray, int]:
@@ -183,3 +229,48 @@ def segmentation_metrics(matrix: np.ndarray) -> dict:
         "unmatched_prediction_pixels": matrix[0, 1:].copy(),
         "unmatched_groundtruth_pixels": matrix[1:, 0].copy(),
     }
+
+
+def state_records(state: SegmentationState, labels: list[str]):
+    """Valor's records of one merged state for the labels present: those named by an evaluated
+    segment or with pixels in the ground truth or a prediction. labels: the run's sorted label
+    names (code k is labels[k]). Records are {"type", "value", "parameters"}: Accuracy, mIOU,
+    then IOU, Precision, Recall and F1 per label, then one ConfusionMatrix."""
+    matrix = state.matrix
+    pixels = (matrix[1:, :].sum(axis=1) + matrix[:, 1:].sum(axis=0)) > 0
+    keep = np.flatnonzero(state.declared | pixels)
+    # the metrics of the labels present: drop the others' rows and columns (they are all zero)
+    index = np.r_[0, keep + 1]
+    m = segmentation_metrics(matrix[np.ix_(index, index)])
+    names = [labels[k] for k in keep]
+
+    def record(kind, value, **parameters):
+        return {"type": kind, "value": value, "parameters": parameters}
+
+    yield record("Accuracy", float(m["accuracy"]))
+    yield record("mIOU", float(m["mIOU"]))
+    for i, name in enumerate(names):
+        yield record("IOU", float(m["IOU"][i]), label=name)
+        yield record("Precision", float(m["precision"][i]), label=name)
+        yield record("Recall", float(m["recall"][i]), label=name)
+        yield record("F1", float(m["f1"][i]), label=name)
+    inner = matrix[np.ix_(index, index)]
+    yield record("ConfusionMatrix", {
+        "confusion_matrix": {g: {p: {"iou": float(m["iou"][i, j]), "count": int(inner[i + 1, j + 1])}
+                                 for j, p in enumerate(names)} for i, g in enumerate(names)},
+        "unmatched_predictions": {p: {"ratio": float(m["unmatched_prediction_ratio"][j]),
+                                      "count": int(m["unmatched_prediction_pixels"][j])}
+                                  for j, p in enumerate(names)},
+        "unmatched_ground_truths": {g: {"ratio": float(m["unmatched_groundtruth_ratio"][i]),
+                                        "count": int(m["unmatched_groundtruth_pixels"][i])}
+                                    for i, g in enumerate(names)},
+    })
+
+
+def pixel_label_sets(state: SegmentationState, labels: list[str]) -> tuple[set, set]:
+    """(ground-truth labels, predicted labels) of a merged state: the labels with pixels on each
+    side (ignored pixels and "no label" left out)."""
+    matrix = state.matrix
+    truth = np.flatnonzero(matrix[1:, :].sum(axis=1) > 0)
+    predicted = np.flatnonzero(matrix[:, 1:].sum(axis=0) > 0)
+    return {labels[k] for k in truth.tolist()}, {labels[k] for k in predicted.tolist()}

@@ -9,9 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from evalbeam.pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
+from evalbeam.pipelines.judge_server import StandInServer
 from evalbeam.transforms.judge.metrics import (PROGRAMS, Datum, JudgeMetricConfig, byop_program, score_metric)
 from evalbeam.transforms.judge.session import JudgeSession
+from evalbeam.transforms.judge.stand_in import EMBEDDING_DIM, embed
 from evalbeam.transforms.judge.templates import load_byop, load_template, template_names
 from evalbeam.transforms.judge.transform import JudgeSettings
 from evalbeam.transforms.kernels import judge_scores as ks

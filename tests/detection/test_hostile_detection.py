@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
 
 
 def run_detection(*args) -> int:

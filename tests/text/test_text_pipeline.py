@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 from evalbeam.pipelines.common import local_pipeline
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "café", "naïve", "東京",
@@ -165,7 +165,7 @@ def test_ptransform_in_a_users_pipeline():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from evalbeam.transforms.kernels.text_scores import TextConfig
+    from evalbeam.transforms.kernels.text import TextConfig
     from evalbeam.transforms.text import EvaluateText
 
     gt, predictions = make_rows(3, 20)

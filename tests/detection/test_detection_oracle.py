@@ -26,7 +26,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import MULTIPROCESS, read_jsonl, run_cli_subprocess
+from helpers import MULTIPROCESS, read_jsonl, run_cli_subprocess
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval

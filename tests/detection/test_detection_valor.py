@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from pycocotools.cocoeval import COCOeval
 
-from conftest import read_jsonl
+from helpers import read_jsonl
 from test_detection_oracle import _quiet, coco_from, first_has_bbox, make_case
 from evalbeam.schemas.coco_rows import box_rows, image_rows
-from evalbeam.transforms.detection import Protocol, shard_state
-from evalbeam.transforms.kernels.detection import accumulate, valor_metrics
+from evalbeam.transforms.detection import shard_state
+from evalbeam.transforms.kernels.detection import Protocol, accumulate, valor_metrics
 
 VALOR = Protocol("valor")
 IOUS = np.array(VALOR.iou_thresholds)

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import MULTIPROCESS, read_jsonl, run_classification, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, run_classification, write_jsonl
 from test_classification_kernel import assert_records, fnv1a_py, oracle_records
 
 from evalbeam.transforms.kernels.classification import (

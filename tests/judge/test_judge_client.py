@@ -411,7 +411,8 @@ def test_logprobs_rejected_once_then_never_asked_again(server):
 
 
 def test_embeddings_and_logprobs_from_the_stand_in_server():
-    from evalbeam.pipelines.judge_server import EMBEDDING_DIM, StandInServer, embed
+    from evalbeam.pipelines.judge_server import StandInServer
+    from evalbeam.transforms.judge.stand_in import EMBEDDING_DIM, embed
 
     async def go(url):
         async with JudgeClient(url, KEY, rpm=6000) as client:

@@ -14,7 +14,7 @@ import threading
 import pytest
 from aiohttp import web
 
-from conftest import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
 from evalbeam.pipelines.judge_server import StandInServer
 
 KEY = "sk-evalbeam-hostile-SECRET-42"
@@ -103,7 +103,7 @@ def test_rows_of_a_users_pipeline_with_lone_surrogates_or_nan_slices_are_rejecte
 
     from evalbeam.pipelines.common import local_pipeline
     from evalbeam.transforms.io import TAG_REJECTED
-    from evalbeam.transforms.kernels.text_scores import TextConfig
+    from evalbeam.transforms.kernels.text import TextConfig
     from evalbeam.transforms.text import EvaluateText, TextRowsFromDicts
 
     config = TextConfig(metrics=frozenset({"ROUGE", "PIILeakage"}))

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import MULTIPROCESS, ROOT, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, ROOT, read_jsonl, write_jsonl
 
 HUGE = 1_000_000           # a claimed side: 10^12 pixels, far beyond any memory
 
@@ -247,7 +247,8 @@ def test_png_above_pillows_own_bound_opens_when_the_limit_allows(tmp_path):
     --max_image_pixels raised, evalbeam's bound is the one that holds. A 1-bit PNG of 13,500 x
     13,500 (182 megapixels, 23 MB of pixel rows, a few hundred kB on disk) keeps this fast."""
     from evalbeam.schemas.limits import ImageLimits
-    from evalbeam.schemas.mask_files import MaskFileError, read_array
+    from evalbeam.schemas.mask_files import MaskFileError
+    from evalbeam.transforms.mask_files import read_array
 
     side = 13_500
     row = b"\0" + b"\xff" * (side // 8) + b"\xf0"         # filter byte, 13,500 set bits

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 
 valor_lite = pytest.importorskip("valor_lite.object_detection",
                                  reason="valor-lite (a test extra) is the oracle of these tests")

@@ -15,6 +15,7 @@ import evalbeam.schemas.retrieval_rows as rows
 from evalbeam.schemas.retrieval_rows import read_qrels, read_run
 from evalbeam.transforms.kernels.retrieval import (
     RetrievalConfig,
+    RetrievalState,
     aggregate,
     encode_ids,
     evaluate,
@@ -22,6 +23,7 @@ from evalbeam.transforms.kernels.retrieval import (
     measure_names,
     rank_run,
     sorted_codes,
+    state_records,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -323,6 +325,39 @@ def test_per_query_values_add_up_across_shards():
                                   RetrievalConfig(ks=KS), complete=True))
     assert parts == whole
     assert judged_queries(np.array([3, 1, 3])).tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("seed", [1, 4, 9])
+def test_states_merge_exactly_in_any_order_into_the_average(seed):
+    """RetrievalState of parts of the queries, merged in any order, gives the records of the
+    state of all of them: the mean of each measure (sum of the counts), as aggregate()."""
+    qrels, run = random_case(seed)
+    config = RetrievalConfig(ks=KS, complete=seed % 2 == 1)
+    per_query = evaluate_ids(qrels, run, config, complete=config.complete)
+    names = measure_names(config)
+    values = {n: np.array([per_query[q][n] for q in sorted(per_query)]) for n in names}
+    everything = RetrievalState().add_queries(values, np.arange(len(per_query)))
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(len(per_query) + 1, 2))
+    order = rng.permutation(len(per_query))
+    parts = [RetrievalState().add_queries(values, index) for index in np.split(order, cuts)]
+    forward = parts[0].copy().merge(parts[1]).merge(parts[2])
+    backward = parts[2].copy().merge(parts[1].copy().merge(parts[0]))
+    expected = list(state_records(everything, config))
+    assert list(state_records(forward, config)) == expected == list(state_records(backward, config))
+    assert expected[0] == {"type": "Queries", "value": len(per_query),
+                           "parameters": {"relevance_level": 1, "max_docs": 1000, "complete": config.complete}}
+    means = aggregate(values)
+    for record in expected[1:]:
+        assert list(record) == ["type", "value", "parameters"]
+    by_name = {(r["type"], r["parameters"].get("k")): r["value"] for r in expected}
+    assert by_name[("MAP", None)] == pytest.approx(means["map"], abs=1e-12)
+    assert by_name[("Precision", KS[0])] == pytest.approx(means[f"P_{KS[0]}"], abs=1e-12)
+    copy = everything.copy()
+    copy.merge(everything)
+    assert copy.queries == 2 * everything.queries          # a copy shares nothing with its origin
+    assert list(state_records(everything, config)) == expected
+    assert list(state_records(RetrievalState(), config))[1:] == []
 
 
 def test_input_order_does_not_matter():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import evalbeam.schemas.retrieval_rows as retrieval_rows
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 from evalbeam.schemas.retrieval_rows import read_qrels, read_run
 
 

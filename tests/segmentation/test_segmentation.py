@@ -13,7 +13,7 @@ from pycocotools import mask as mask_utils
 from sklearn.metrics import confusion_matrix
 
 from evalbeam.pipelines.common import local_pipeline
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 from evalbeam.transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
                                              segmentation_metrics)
 

@@ -17,11 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
-from evalbeam.schemas.classification import validate
-from evalbeam.schemas.formats import (SkippedLine, deep_lines, dict_rows_table, jsonl_blocks,
-                             parquet_tables, parse_jsonl_block)
-from evalbeam.schemas.rows import CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION, REASON, check_row
+from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
+from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
+                                                  CLASSIFICATION_PREDICTION, check_row,
+                                                  dict_rows_table, parquet_tables,
+                                                  parse_jsonl_block, validate)
+from evalbeam.schemas.formats import SkippedLine, deep_lines, jsonl_blocks
+from evalbeam.schemas.rows import REASON
 from evalbeam.schemas.safe_json import nesting_depth
 
 GT, PRED = CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION
@@ -50,12 +52,12 @@ def deep_line(n=DEEP, where="metadata"):
 
 def no_slow_path(monkeypatch):
     """Make the slow JSONL path fail, to prove a block was read by Arrow."""
-    import evalbeam.schemas.formats as formats
+    import evalbeam.schemas.classification_rows as classification_rows
 
     def refuse(*args, **kwargs):
         raise AssertionError("the block went to the slow path")
 
-    monkeypatch.setattr(formats, "_parse_slowly", refuse)
+    monkeypatch.setattr(classification_rows, "_parse_slowly", refuse)
 
 
 # ----------------------------------------------------------------------------- item 1: integer labels
@@ -180,8 +182,7 @@ def test_a_line_nested_100000_deep_is_a_rejected_row_not_a_crash(slice_keys):
     raises RecursionError: run in a subprocess so a crash fails the test instead of pytest."""
     program = f"""
 import json
-from evalbeam.schemas.formats import parse_jsonl_block
-from evalbeam.schemas.rows import CLASSIFICATION_GROUNDTRUTH
+from evalbeam.schemas.classification_rows import CLASSIFICATION_GROUNDTRUTH, parse_jsonl_block
 good = [json.dumps({{"datum_uid": f"g{{i}}", "metadata": {{"region": "a"}},
                      "labels": [{{"key": "class", "value": "cat"}}]}}) for i in range(3)]
 n = {DEEP}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalbeam.pipelines.common import local_pipeline
-from conftest import (MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess,
+from helpers import (MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess,
                       write_jsonl)
 from evalbeam.pipelines.synthetic import write_classification_dataset
 

@@ -11,10 +11,10 @@ import pytest
 import shapely
 from pycocotools import mask as mask_utils
 
-from conftest import read_jsonl, write_jsonl
+from helpers import read_jsonl, write_jsonl
 from evalbeam.schemas.coco import rle_problem, rle_runs
-from evalbeam.schemas.detection_rows import geometry_of
-from evalbeam.transforms.kernels.masks import Raster, as_polygon, geometry_area, pair_geometry_iou
+from evalbeam.schemas.detection_rows import Raster, geometry_area, geometry_of
+from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou
 
 
 def raster(mask: np.ndarray) -> Raster:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 
 def run_retrieval(*args) -> int:
     from evalbeam.pipelines.retrieval import run

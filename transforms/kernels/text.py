@@ -1,7 +1,7 @@
 """Per-datum text scores and their mergeable per-(model, slice) state (no Beam, no LLM).
 
 score_datum() turns one datum (ground truth and the model's prediction, or none) into score rows
-for scores.jsonl and adds them to a TextState; TextState.records() gives the aggregate records.
+for scores.jsonl and adds them to a TextState; state_records() gives a merged state's records.
 Statuses of a score row: "ok"; "missing_prediction" (no prediction row: the response is taken as
 empty, so overlap scores are 0 and count in the means); "no_references" (ROUGE, BLEU, CorpusBLEU
 need references: the datum is left out of those means, value null); "no_condition" (TextMatching
@@ -45,13 +45,16 @@ class TextState:
     """Per metric key, the sums over the datums scored, exact so that shards may add them in any
     order: "ROUGE/<type>" -> [ExactSum] x 3 (precision, recall, F), "BLEU" -> [ExactSum];
     "CorpusBLEU" -> int64[10] (corpus_bleu_stats, integers); counts: datums in each key; rules:
-    {record type: a rule-count state with merge(), copy() and records()}."""
+    {record type (judge metrics: transforms/judge/judged_text.py's key): a rule-count or judge
+    metric state with merge(), copy() and records()}."""
 
     sums: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
     rules: dict = field(default_factory=dict)
 
-    def add(self, key: str, values) -> None:
+    def add_datum(self, key: str, values) -> None:
+        """One datum's scores under key: a tuple of floats (added to the ExactSums) or an int64
+        array (corpus statistics, added as integers); the key's datum count goes up by one."""
         if isinstance(values, np.ndarray) and values.dtype.kind == "i":
             self.sums[key] = self.sums[key] + values if key in self.sums else values.copy()
         else:
@@ -85,27 +88,29 @@ class TextState:
             return [0.0] * width
         return [total.mean() for total in self.sums[key]]
 
-    def records(self, config: TextConfig) -> list[dict]:
-        """Aggregate records (type, value, parameters): means over the datums scored."""
-        out = []
-        if "ROUGE" in config.metrics:
-            for rouge_type in config.rouge_types:
-                mean = self.means(f"ROUGE/{rouge_type}", 3)
-                out.append({"type": "ROUGE",
-                            "value": {"precision": float(mean[0]), "recall": float(mean[1]),
-                                      "fmeasure": float(mean[2])},
-                            "parameters": {"rouge_type": rouge_type,
-                                           "rouge_use_stemmer": config.rouge_use_stemmer}})
-        if "BLEU" in config.metrics:
-            out.append({"type": "BLEU", "value": self.means("BLEU", 1)[0],
-                        "parameters": {"weights": list(config.bleu_weights)}})
-        if "CorpusBLEU" in config.metrics:
-            stats = self.sums.get("CorpusBLEU", np.zeros(2 + 2 * BLEU_ORDER, np.int64))
-            out.append({"type": "CorpusBLEU", "value": corpus_bleu(stats),
-                        "parameters": {"tokenize": "13a", "smooth_method": "exp", "lowercase": False}})
-        for kind in sorted(self.rules):
-            out.extend(self.rules[kind].records())
-        return out
+
+def state_records(state: TextState, config: TextConfig) -> list[dict]:
+    """Aggregate records (type, value, parameters) of a merged state: means over the datums
+    scored (zeros when none was), then the rule and judge states' records by record type."""
+    out = []
+    if "ROUGE" in config.metrics:
+        for rouge_type in config.rouge_types:
+            mean = state.means(f"ROUGE/{rouge_type}", 3)
+            out.append({"type": "ROUGE",
+                        "value": {"precision": float(mean[0]), "recall": float(mean[1]),
+                                  "fmeasure": float(mean[2])},
+                        "parameters": {"rouge_type": rouge_type,
+                                       "rouge_use_stemmer": config.rouge_use_stemmer}})
+    if "BLEU" in config.metrics:
+        out.append({"type": "BLEU", "value": state.means("BLEU", 1)[0],
+                    "parameters": {"weights": list(config.bleu_weights)}})
+    if "CorpusBLEU" in config.metrics:
+        stats = state.sums.get("CorpusBLEU", np.zeros(2 + 2 * BLEU_ORDER, np.int64))
+        out.append({"type": "CorpusBLEU", "value": corpus_bleu(stats),
+                    "parameters": {"tokenize": "13a", "smooth_method": "exp", "lowercase": False}})
+    for kind in sorted(state.rules):
+        out.extend(state.rules[kind].records())
+    return out
 
 
 def _row(uid, model, metric, value, status, parameters=None, details=None) -> dict:
@@ -138,18 +143,18 @@ def score_overlap(config: TextConfig, uid: str, model: str, references: list[str
         scores = rouge(text, references, config.rouge_types, config.rouge_use_stemmer)
         for rouge_type, (p, r, f) in scores.items():
             for state in states:
-                state.add(f"ROUGE/{rouge_type}", (p, r, f))
+                state.add_datum(f"ROUGE/{rouge_type}", (p, r, f))
             rows.append(_row(uid, model, "ROUGE", f, status, {"rouge_type": rouge_type},
                              {"precision": p, "recall": r}))
     if "BLEU" in config.metrics:
         value = sentence_bleu(text, references, config.bleu_weights)
         for state in states:
-            state.add("BLEU", (value,))
+            state.add_datum("BLEU", (value,))
         rows.append(_row(uid, model, "BLEU", value, status))
     if "CorpusBLEU" in config.metrics:
         stats = corpus_bleu_stats(text, references)
         for state in states:
-            state.add("CorpusBLEU", stats)
+            state.add_datum("CorpusBLEU", stats)
     return rows
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import read_jsonl
+from helpers import read_jsonl
 from test_detection_oracle import first_has_bbox, make_case, product_state
 from evalbeam.transforms.kernels.detection import (IOU_THRESHOLDS, MAX_DETS, BinnedState, accumulate,
                                           accumulate_binned, summarize)
@@ -84,7 +84,7 @@ def test_valor_score_bins_bound_ap_and_keep_the_rest_exact(tmp_path, seed):
     values; AR, Counts, P/R/F1, the curves and the confusion matrices are those of the exact run;
     the output does not depend on the shard count."""
     from evalbeam.pipelines.detection import run
-    from conftest import write_jsonl
+    from helpers import write_jsonl
     from test_detection_native import make_dataset
 
     _, _, gt_rows, pred_rows = make_dataset(seed)

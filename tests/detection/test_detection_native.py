@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalbeam.pipelines.common import local_pipeline
-from conftest import MULTIPROCESS, read_jsonl, write_jsonl
+from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 
 
 def run_detection(*args) -> int:
@@ -250,7 +250,8 @@ def test_evaluate_detection_ptransform_matches_the_cli(tmp_path):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from evalbeam.transforms.detection import EvaluateDetection, Protocol
+    from evalbeam.transforms.detection import EvaluateDetection
+    from evalbeam.transforms.kernels.detection import Protocol
 
     _, _, gt_rows, pred_rows = make_dataset(6)
     write_jsonl(tmp_path / "gt.jsonl", gt_rows)

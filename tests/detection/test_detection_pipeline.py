@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import read_jsonl, run_cli_subprocess
+from helpers import read_jsonl, run_cli_subprocess
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
               "AR1", "AR10", "AR100", "ARsmall", "ARmedium", "ARlarge")

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import MULTIPROCESS, read_jsonl
+from helpers import MULTIPROCESS, read_jsonl
 from evalbeam.pipelines.judge_server import StandInServer
 from evalbeam.pipelines.synthetic_rag import write_rag_dataset
 
