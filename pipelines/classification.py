@@ -11,7 +11,6 @@ Reference: pipelines/classification.md.
 from __future__ import annotations
 
 from evalbeam.pipelines.common import UsageError, parse_float_list
-from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
                                                         ClassificationConfig)
@@ -98,9 +97,7 @@ SPEC = TaskSpec(
     check_source=check_source, transforms="evalbeam.transforms.classification", summarize=summarize)
 
 
-def run(argv: list[str] | None = None) -> int:
-    return run_task(SPEC, argv)
-
+run = SPEC.run
 
 if __name__ == "__main__":
-    main_of(SPEC)
+    SPEC.main()

@@ -10,7 +10,6 @@ Reference: pipelines/retrieval.md.
 from __future__ import annotations
 
 from evalbeam.pipelines.common import UsageError
-from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.transforms.kernels.retrieval import RetrievalConfig
 
@@ -143,9 +142,7 @@ SPEC = TaskSpec(
     extra_outputs=extra_outputs, min_shards=MIN_SHARDS, known_formats=False)
 
 
-def run(argv: list[str] | None = None) -> int:
-    return run_task(SPEC, argv)
-
+run = SPEC.run
 
 if __name__ == "__main__":
-    main_of(SPEC)
+    SPEC.main()

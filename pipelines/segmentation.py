@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 
 from evalbeam.pipelines.common import UsageError, parse_optional_number
-from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
 from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_LABELS, MAX_MASK_BYTES, MAX_RLE_PIXELS,
@@ -170,9 +169,7 @@ SPEC = TaskSpec(
     summarize=summarize, min_shards=MIN_SHARDS)
 
 
-def run(argv: list[str] | None = None) -> int:
-    return run_task(SPEC, argv)
-
+run = SPEC.run
 
 if __name__ == "__main__":
-    main_of(SPEC)
+    SPEC.main()

@@ -73,3 +73,15 @@ class TaskSpec:
 
     def record_key(self, record: dict):
         return self.plumbing().record_sort_key(record)
+
+    def run(self, argv: list[str] | None = None) -> int:
+        """The task's command line (argv, default sys.argv[1:]) run to its exit code."""
+        from evalbeam.pipelines.launcher import run_task
+
+        return run_task(self, argv)
+
+    def main(self) -> None:
+        """`python -m evalbeam.pipelines.<task>`."""
+        from evalbeam.pipelines.launcher import main_of
+
+        main_of(self)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.judge_options import add_judge_arguments
-from evalbeam.pipelines.launcher import main_of, run_task
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
@@ -141,9 +140,7 @@ SPEC = TaskSpec(
     extra_outputs=extra_outputs, min_shards=MIN_SHARDS)
 
 
-def run(argv: list[str] | None = None) -> int:
-    return run_task(SPEC, argv)
-
+run = SPEC.run
 
 if __name__ == "__main__":
-    main_of(SPEC)
+    SPEC.main()

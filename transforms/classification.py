@@ -32,7 +32,8 @@ from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VO
 from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, match_key,
                                                         state_records)
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.merge import merged_records
 
 GROUNDTRUTHS = "groundtruths"
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
@@ -359,9 +360,7 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
                | "Match" >> beam.ParDo(MatchClassification(
                    config, models, slice_specs, files, quiet, started, num_shards), vocab_view)
                .with_output_types(PARTIAL).with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
-    records = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records_of, state_records, vocab_view, config))
+    records = merged_records(matched.partials, state_records, vocab_view, config)
     return records, matched[TAG_REJECTED], matched[TAG_STATS]
 
 
@@ -400,8 +399,6 @@ class EvaluateClassificationFiles(beam.PTransform):
         self.job = job
 
     def expand(self, pipeline):
-        from evalbeam.transforms.evaluated import Evaluated
-
         job, config = self.job, self.config
         slice_keys = sorted({key for spec in job.slices for key in spec})
         pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
@@ -417,7 +414,7 @@ class EvaluateClassificationFiles(beam.PTransform):
         return Evaluated(records, rejected, stats, problems)
 
 
-class EvaluateClassification(beam.PTransform):
+class EvaluateClassification(EvaluateRows):
     """Classification metrics for a user's own pipeline.
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
@@ -430,18 +427,13 @@ class EvaluateClassification(beam.PTransform):
 
     def __init__(self, config: ClassificationConfig | None = None, slices=(), num_shards: int = 16,
                  batch_size: int = 10_000, with_diagnostics: bool = False):
-        super().__init__()
-        self.config = config or ClassificationConfig()
-        self.slices = [tuple(s) for s in slices]
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
+        super().__init__(config or ClassificationConfig(), slices, num_shards, batch_size, with_diagnostics)
 
     def expand(self, pcolls):
         if GROUNDTRUTHS not in pcolls:
             raise ValueError(f"EvaluateClassification needs a {GROUNDTRUTHS!r} PCollection")
         models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
-        slice_keys = sorted({key for spec in self.slices for key in spec})
+        slice_keys = self.slice_keys
         outputs = []
         for name in [GROUNDTRUTHS] + models:
             outputs.append(

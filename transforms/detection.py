@@ -26,16 +26,16 @@ from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
 from evalbeam.schemas.rows import canonical_json, reject
-from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                                    open_input, parse_rows, read_pcollections)
+                                    ReadRowFile, open_input, read_pcollections)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, pair_box_iou,
                                                    state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.merge import merged_records
 
 GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
@@ -191,7 +191,7 @@ class ReadCocoFile(ProgressDoFn):
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
 
-class ReadNativeFile(ProgressDoFn):
+class ReadNativeFile(ReadRowFile):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
 
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
@@ -199,21 +199,13 @@ class ReadNativeFile(ProgressDoFn):
 
     def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
                  iou_type: str = "bbox", max_pixels: int = MAX_IMAGE_PIXELS):
-        super().__init__(quiet, started)
+        super().__init__(sources, slice_keys, num_shards, quiet, started)
         self.geometry = "polygon" if iou_type == "segm" else "bbox"
-        self.sources = sources
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
         self.max_pixels = max_pixels
 
-    def process(self, element):
-        name, file_id = element
-        path = self.sources[name].files[file_id]
-        rows, positions, rejected = parse_rows(path)
-        yield from native_pieces(name, rows, positions, rejected, path, file_id, self.slice_keys,
-                                 self.num_shards, self.geometry, position_name(path),
-                                 self.max_pixels)
-        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+    def pieces(self, name, rows, positions, rejected, path, file_id, where):
+        return native_pieces(name, rows, positions, rejected, path, file_id, self.slice_keys,
+                             self.num_shards, self.geometry, where, self.max_pixels)
 
 
 def native_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, geometry,
@@ -626,15 +618,13 @@ def _evaluate(read, categories, config: DetectionConfig, models, slices, files, 
                                        categories)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
-    metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records_of, state_records, categories, config))
+    metrics = merged_records(matched.partials, state_records, categories, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     return metrics, rejected, stats
 
 
-class EvaluateDetection(beam.PTransform):
+class EvaluateDetection(EvaluateRows):
     """Detection metrics for a user's own pipeline, on native rows.
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (native
@@ -644,19 +634,14 @@ class EvaluateDetection(beam.PTransform):
 
     def __init__(self, iou_type: str = "bbox", protocol: Protocol = VALOR, slices=(),
                  num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False):
-        super().__init__()
         if iou_type == "segm" and protocol.name == "coco":
             raise ValueError("native segm rows need the valor protocol (no image sizes to rasterise)")
+        super().__init__(None, slices, num_shards, batch_size, with_diagnostics)
         self.iou_type = iou_type
         self.protocol = protocol
-        self.slices = [tuple(s) for s in slices]
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
 
     def expand(self, pcolls):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
-        reader = DetectionRowsFromDicts(slice_keys, self.num_shards, self.iou_type)
+        reader = DetectionRowsFromDicts(self.slice_keys, self.num_shards, self.iou_type)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES),
                                          "EvaluateDetection")
         categories = beam.pvalue.AsSingleton(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import apache_beam as beam
+
 
 class FilesJob(NamedTuple):
     """Everything about one run that is not the task's own configuration.
@@ -46,3 +48,24 @@ class Evaluated(NamedTuple):
     problems: Any
     extra: dict = {}
     report: Any = None
+
+
+class EvaluateRows(beam.PTransform):
+    """What every Evaluate<Task> (a task's metrics on a dict of PCollections of row dicts, for
+    users' own pipelines) takes besides its own options: config, the task's configuration;
+    slices, tuples of ground-truth metadata keys (as --slice); num_shards, the datum shards;
+    batch_size, rows per batch on their way into shard pieces; with_diagnostics, also return
+    the rejections and the counters."""
+
+    def __init__(self, config=None, slices=(), num_shards: int = 16, batch_size: int = 1000,
+                 with_diagnostics: bool = False):
+        super().__init__()
+        self.config = config
+        self.slices = [tuple(s) for s in slices]
+        self.num_shards = num_shards
+        self.batch_size = batch_size
+        self.with_diagnostics = with_diagnostics
+
+    @property
+    def slice_keys(self) -> list[str]:
+        return sorted({key for spec in self.slices for key in spec})

@@ -24,7 +24,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.formats import format_of
+from evalbeam.schemas.formats import format_of, position_name
+from evalbeam.schemas.rows import reject
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 
 TAG_REJECTED = "rejected"
@@ -317,6 +318,43 @@ class ProgressDoFn(beam.DoFn):
         self.progress = Progress(self.quiet, self.started)
 
 
+class ReadRowFile(ProgressDoFn):
+    """(source name, file id) -> the shard pieces of one file of JSON rows (JSONL or Parquet,
+    parsed by parse_rows), with rejections and counters tagged. A task's reader subclasses it and
+    defines pieces(name, rows, positions, rejected, path, file_id, where), the same function of
+    parsed rows that its <Task>RowsFromDicts uses for rows of a PCollection."""
+
+    def __init__(self, sources: dict, slice_keys: list[str], num_shards: int, quiet: bool,
+                 started: float):
+        super().__init__(quiet, started)
+        self.sources = sources
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def pieces(self, name, rows, positions, rejected, path, file_id, where):
+        raise NotImplementedError
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        rows, positions, rejected = parse_rows(path)
+        yield from self.pieces(name, rows, positions, rejected, path, file_id, position_name(path))
+        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+
+
+class RowsFromDicts(beam.DoFn):
+    """(source, [row dict, ...]) batches of a user's PCollections -> the same shard pieces as the
+    task's file reader: the base of <Task>RowsFromDicts. keys_of(source): the --slice keys
+    that source's rows carry (only the ground truth's)."""
+
+    def __init__(self, slice_keys: list[str], num_shards: int):
+        self.slice_keys = slice_keys
+        self.num_shards = num_shards
+
+    def keys_of(self, source: str) -> list[str]:
+        return self.slice_keys if source == "groundtruths" else []
+
+
 SHARD_PIECE = typing.Tuple[int, typing.Any]
 
 
@@ -412,6 +450,38 @@ def merge_sorted_parts(parts: list, path: str, key_field: str) -> int:
     if parts:
         FileSystems.delete([p for p, _ in parts])
     return n
+
+
+def reject_row(files: dict, source: str, row, reason: str):
+    """The tagged rejection of a parsed row (with .file_id, .position, .uid) found after reading
+    (in a shard): by file and position, or by source name alone for rows of a PCollection, which
+    have no file (source not in files) and no position (-1)."""
+    if source in files:
+        path = files[source][row.file_id]
+        where = position_name(path)
+    else:
+        path, where = source, "row"
+    position = row.position if row.position >= 0 else None
+    return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
+
+
+def unique_or_rejected(files: dict, source: str, rows: list, outputs: list) -> dict:
+    """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected
+    (reject_row, appended to outputs)."""
+    return unique_rows(rows, lambda row, n: outputs.append(
+        reject_row(files, source, row, f"datum_uid appears {n} times in {source}")))
+
+
+def unique_by_source(files: dict, pieces, models: list, outputs: list) -> tuple[dict, dict]:
+    """A shard's pieces [(source, rows)] -> ({uid: ground-truth row}, {model: {uid: row}}) of
+    the uids that appear once in their source; every copy of a repeated uid is rejected
+    (appended to outputs: the ground truth's first, then each model's in order)."""
+    by_source: dict = {}
+    for source, rows in pieces:
+        by_source.setdefault(source, []).extend(rows)
+    truths = unique_or_rejected(files, "groundtruths", by_source.get("groundtruths", []), outputs)
+    predictions = {m: unique_or_rejected(files, m, by_source.get(m, []), outputs) for m in models}
+    return truths, predictions
 
 
 def unique_rows(rows: list, repeated) -> dict:

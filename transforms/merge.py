@@ -1,4 +1,5 @@
-"""The one CombineFn of every task (MergeStates), and the step after it (records_of).
+"""The one CombineFn of every task (MergeStates), the step after it (records_of), and both
+as one step (merged_records).
 
 A task's state (transforms/kernels/<task>.py) has copy() -> a new state and merge(other) ->
 self with other added. Merging is exact and order-free (integer counts, exact sums, states
@@ -47,3 +48,11 @@ def records_of(element, state_records, *args, **kwargs):
         record["model"] = model
         record["slice"] = slice_value
         yield record
+
+
+def merged_records(partials, state_records, *args):
+    """((model, slice JSON), partial state) pairs -> the records of each merged state:
+    CombinePerKey(MergeStates()), then records_of with state_records(state, *args)."""
+    return (partials
+            | "Combine" >> beam.CombinePerKey(MergeStates())
+            | "Records" >> beam.FlatMap(records_of, state_records, *args))

@@ -37,12 +37,12 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
                                              duplicate_rows_reason, format_of, parse_qrels,
                                              parse_run, slice_values, without_rows)
 from evalbeam.schemas.rows import canonical_json, reject
-from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
                                     merge_sorted_parts, open_input, read_pcollections)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.merge import merged_records
 
 GROUNDTRUTHS = "groundtruths"
 TAG_PER_QUERY = "per_query"
@@ -483,9 +483,7 @@ def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_sl
                    files, models, config, query_slices, slice_specs, per_query_dir, quiet, started))
                .with_output_types(PARTIAL)
                .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, main="partials"))
-    metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records_of, state_records, config))
+    metrics = merged_records(matched.partials, state_records, config)
     rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     return metrics, rejects, stats, matched
@@ -531,7 +529,7 @@ class EvaluateRetrievalFiles(beam.PTransform):
         return Evaluated(metrics, rejects, stats, problems, extra)
 
 
-class EvaluateRetrieval(beam.PTransform):
+class EvaluateRetrieval(EvaluateRows):
     """Retrieval metrics for a user's own pipeline.
 
     Input: a dict of PCollections of row dicts, {"groundtruths": qrels rows {"query_id",
@@ -545,15 +543,10 @@ class EvaluateRetrieval(beam.PTransform):
 
     def __init__(self, config: RetrievalConfig | None = None, slices=(), num_shards: int = 16,
                  batch_size: int = 1000, with_diagnostics: bool = False):
-        super().__init__()
-        self.config = config or RetrievalConfig()
-        self.slices = [tuple(s) for s in slices]
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
+        super().__init__(config or RetrievalConfig(), slices, num_shards, batch_size, with_diagnostics)
 
     def expand(self, pcolls):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
+        slice_keys = self.slice_keys
         reader = RetrievalRowsFromDicts(slice_keys, self.num_shards)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
                                          "EvaluateRetrieval")

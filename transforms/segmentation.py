@@ -16,15 +16,14 @@ import typing
 import apache_beam as beam
 import numpy as np
 
-from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import uid_shards
 from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
 from evalbeam.schemas.mask_files import MaskFileError
 from evalbeam.schemas.rows import canonical_json, reject
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
-from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                                    parse_rows, read_pcollections, unique_rows)
+                                    ReadRowFile, RowsFromDicts, read_pcollections, reject_row, unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
                                                       UnknownIds, code_table, label_ids,
                                                       lookup_table, pixel_confusion,
@@ -41,26 +40,19 @@ class RowProblem(Exception):
     """Why a row's pixels cannot be used: its rejection reason."""
 
 
-class ReadSegmentationFile(ProgressDoFn):
+class ReadSegmentationFile(ReadRowFile):
     """(source name, file id) -> (shard, (source, [SegmentRow])) pieces; rejects and stats
     tagged; TAG_LABELS: the set of segment labels seen."""
 
     def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
                  limits: ImageLimits = ImageLimits()):
-        super().__init__(quiet, started)
-        self.sources = sources
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
+        super().__init__(sources, slice_keys, num_shards, quiet, started)
         self.limits = limits
 
-    def process(self, element):
-        name, file_id = element
-        path = self.sources[name].files[file_id]
-        rows, positions, rejected = parse_rows(path)
-        yield from row_pieces(name, rows, positions, rejected, path, file_id,
-                              self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                              position_name(path), self.limits.max_pixels)
-        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+    def pieces(self, name, rows, positions, rejected, path, file_id, where):
+        return row_pieces(name, rows, positions, rejected, path, file_id,
+                          self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
+                          where, self.limits.max_pixels)
 
 
 def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
@@ -81,19 +73,17 @@ def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_s
         yield int(shard), (name, [row for row, s in zip(good, shards.tolist()) if s == shard])
 
 
-class SegmentationRowsFromDicts(beam.DoFn):
+class SegmentationRowsFromDicts(RowsFromDicts):
     """(source, [row dict, ...]) batches -> shard pieces, like ReadSegmentationFile for files."""
 
     def __init__(self, slice_keys: list[str], num_shards: int, limits: ImageLimits = ImageLimits()):
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
+        super().__init__(slice_keys, num_shards)
         self.limits = limits
 
     def process(self, element):
         source, batch = element
-        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
-                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards, "row",
-                              self.limits.max_pixels)
+        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0, self.keys_of(source),
+                              self.num_shards, "row", self.limits.max_pixels)
 
 
 class LabelSet(beam.CombineFn):
@@ -197,19 +187,8 @@ class MatchSegmentation(ProgressDoFn):
         self.config = config
         self.files = files
 
-    def _reject(self, source, row: SegmentRow, reason: str):
-        if source in self.files:
-            path = self.files[source][row.file_id]
-            where = position_name(path)
-        else:  # rows from a PCollection (EvaluateSegmentation): no file, no position
-            path, where = source, "row"
-        position = row.position if row.position >= 0 else None
-        return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
-
-    def _unique(self, source, rows: list, outputs: list) -> dict:
-        """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected."""
-        return unique_rows(rows, lambda row, n: outputs.append(
-            self._reject(source, row, f"datum_uid appears {n} times in {source}")))
+    def _reject(self, source, row, reason: str):
+        return reject_row(self.files, source, row, reason)
 
     def _compare(self, uid, truth, truth_table, truth_codes, predictions, codes, tables, K):
         """[(model, matrix, declared codes, prediction row or None, rejection reason or None)]
@@ -252,12 +231,9 @@ class MatchSegmentation(ProgressDoFn):
             tables = {gt: lookup_table(config.label_names, codes, config.ignore_id,
                                        config.unlabeled_id, gt)
                       for gt in (True, False)}
-        by_source: dict = {}
-        for source, rows in pieces:
-            by_source.setdefault(source, []).extend(rows)
+        pieces = list(pieces)
         outputs: list = []
-        truths = self._unique(GROUNDTRUTHS, by_source.get(GROUNDTRUTHS, []), outputs)
-        predictions = {m: self._unique(m, by_source.get(m, []), outputs) for m in self.models}
+        truths, predictions = unique_by_source(self.files, pieces, self.models, outputs)
         evaluated = {source: 0 for source in [GROUNDTRUTHS, *self.models]}
         states: dict = {}
         for uid in sorted(truths):
@@ -290,7 +266,7 @@ class MatchSegmentation(ProgressDoFn):
                 outputs.append(self._reject(model, row, "no valid ground truth for this datum_uid"))
         yield from outputs
         for source in [GROUNDTRUTHS, *self.models]:
-            n_rows = len(by_source.get(source, []))
+            n_rows = sum(len(rows) for name, rows in pieces if name == source)
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), evaluated[source]))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), n_rows - evaluated[source]))
         for key in sorted(states):
@@ -378,7 +354,7 @@ class EvaluateSegmentationFiles(beam.PTransform):
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started))
 
 
-class EvaluateSegmentation(beam.PTransform):
+class EvaluateSegmentation(EvaluateRows):
     """Semantic segmentation metrics for a user's own pipeline.
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
@@ -390,20 +366,15 @@ class EvaluateSegmentation(beam.PTransform):
                  unlabeled_id: int | None = None, num_shards: int = 16, batch_size: int = 1000,
                  with_diagnostics: bool = False, limits: ImageLimits = ImageLimits(),
                  max_labels: int = MAX_LABELS):
-        super().__init__()
-        self.slices = [tuple(s) for s in slices]
+        super().__init__(None, slices, num_shards, batch_size, with_diagnostics)
         self.label_names = label_names
         self.ignore_id = ignore_id
         self.unlabeled_id = unlabeled_id
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
         self.limits = limits
         self.max_labels = max_labels
 
     def expand(self, pcolls):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
-        reader = SegmentationRowsFromDicts(slice_keys, self.num_shards, self.limits)
+        reader = SegmentationRowsFromDicts(self.slice_keys, self.num_shards, self.limits)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_LABELS),
                                          "EvaluateSegmentation")
         pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)

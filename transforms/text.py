@@ -16,19 +16,19 @@ import typing
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.rows import canonical_json, reject
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
-from evalbeam.transforms.evaluated import Evaluated
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.judge.report import judge_problems, judge_report
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
-                                    merge_sorted_parts, parse_rows, read_pcollections, unique_rows)
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, ReadRowFile, RowsFromDicts,
+                                    join, merge_sorted_parts, read_pcollections, reject_row,
+                                    unique_by_source)
 from evalbeam.transforms.judge.session import merge_counters
 from evalbeam.schemas.hashing import uid_shards
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.merge import merged_records
 
 GROUNDTRUTHS = "groundtruths"
 TAG_SCORES = "scores"
@@ -75,39 +75,31 @@ def _condition_checker(config: TextConfig):
     return condition_problem
 
 
-class ReadTextFile(ProgressDoFn):
+class ReadTextFile(ReadRowFile):
     """(source name, file id) -> (shard, (source, [row])) pieces; rejects and stats tagged."""
 
     def __init__(self, sources, slice_keys, num_shards, config: TextConfig, quiet, started):
-        super().__init__(quiet, started)
-        self.sources = sources
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
+        super().__init__(sources, slice_keys, num_shards, quiet, started)
         self.config = config
 
-    def process(self, element):
-        name, file_id = element
-        path = self.sources[name].files[file_id]
-        rows, positions, rejected = parse_rows(path)
-        yield from row_pieces(name, rows, positions, rejected, path, file_id,
-                              self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                              position_name(path), _condition_checker(self.config))
-        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+    def pieces(self, name, rows, positions, rejected, path, file_id, where):
+        return row_pieces(name, rows, positions, rejected, path, file_id,
+                          self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
+                          where, _condition_checker(self.config))
 
 
-class TextRowsFromDicts(beam.DoFn):
+class TextRowsFromDicts(RowsFromDicts):
     """(source, [row dict, ...]) batches -> shard pieces, like ReadTextFile for files."""
 
     def __init__(self, slice_keys, num_shards, config: TextConfig):
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
+        super().__init__(slice_keys, num_shards)
         self.config = config
 
     def process(self, element):
         source, batch = element
-        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0,
-                              self.slice_keys if source == GROUNDTRUTHS else [], self.num_shards,
-                              "row", _condition_checker(self.config), check_strings=True)
+        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0, self.keys_of(source),
+                              self.num_shards, "row", _condition_checker(self.config),
+                              check_strings=True)
 
 
 class MatchText(ProgressDoFn):
@@ -137,35 +129,21 @@ class MatchText(ProgressDoFn):
         if getattr(self, "session", None) is not None:
             self.session.close()
 
-    def _reject(self, source, row, reason):
-        if source in self.files:
-            path = self.files[source][row.file_id]
-            where = position_name(path)
-        else:
-            path, where = source, "row"
-        position = row.position if row.position >= 0 else None
-        return beam.pvalue.TaggedOutput(TAG_REJECTED, reject(source, path, position, reason, row.uid, where))
-
-    def _unique(self, source, rows: list, outputs: list) -> dict:
-        """{uid: row} of the uids that appear once; every copy of a repeated uid is rejected."""
-        return unique_rows(rows, lambda row, n: outputs.append(
-            self._reject(source, row, f"datum_uid appears {n} times in {source}")))
+    def _reject(self, source, row, reason: str):
+        return reject_row(self.files, source, row, reason)
 
     def process(self, element):
         shard, pieces = element
-        by_source: dict = {}
-        for source, rows in pieces:
-            by_source.setdefault(source, []).extend(rows)
+        pieces = list(pieces)
         outputs: list = []
-        truths = self._unique(GROUNDTRUTHS, by_source.get(GROUNDTRUTHS, []), outputs)
-        predictions = {m: self._unique(m, by_source.get(m, []), outputs) for m in self.models}
+        truths, predictions = unique_by_source(self.files, pieces, self.models, outputs)
         for model in self.models:
             for uid in sorted(set(predictions[model]) - set(truths)):
                 outputs.append(self._reject(model, predictions[model].pop(uid),
                                             "no valid ground truth for this datum_uid"))
         yield from outputs
         for source in [GROUNDTRUTHS, *self.models]:
-            n_rows = len(by_source.get(source, []))
+            n_rows = sum(len(rows) for name, rows in pieces if name == source)
             n_ok = len(truths) if source == GROUNDTRUTHS else len(predictions[source])
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), n_ok))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", source), n_rows - n_ok))
@@ -244,9 +222,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
                | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started))
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, main="partials"))
-    metrics = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(records_of, state_records, config))
+    metrics = merged_records(matched.partials, state_records, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
@@ -306,7 +282,7 @@ class EvaluateTextFiles(beam.PTransform):
         return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report)
 
 
-class EvaluateText(beam.PTransform):
+class EvaluateText(EvaluateRows):
     """Text metrics for a user's own pipeline.
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows
@@ -315,15 +291,10 @@ class EvaluateText(beam.PTransform):
 
     def __init__(self, config: TextConfig | None = None, slices=(), num_shards: int = 16,
                  batch_size: int = 1000, with_diagnostics: bool = False):
-        super().__init__()
-        self.config = config or TextConfig()
-        self.slices = [tuple(s) for s in slices]
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
+        super().__init__(config or TextConfig(), slices, num_shards, batch_size, with_diagnostics)
 
     def expand(self, pcolls):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
+        slice_keys = self.slice_keys
         reader = TextRowsFromDicts(slice_keys, self.num_shards, self.config)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
                                          "EvaluateText")

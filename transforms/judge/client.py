@@ -265,11 +265,7 @@ class JudgeClient:
             if not reply.vector:
                 return self._failure(req, state, started, rq.INVALID_OUTPUT, "no embedding in the answer", reply)
             return self._success(req, state, started, reply, reply.vector)
-        try:
-            reply = await self._complete(req, messages, state)
-        except _Transient as exc:
-            return self._failure(req, state, started, exc.status, exc.message)
-        final = self._finish(req, state, started, reply, schema)
+        final, reply = await self._reply(req, messages, state, started, schema)
         if final is not None:
             return final
         try:
@@ -286,11 +282,7 @@ class JudgeClient:
                 + "\nReply with the corrected JSON object only.")},
         ]
         state.budget_attempts = 0  # the repair has its own retry budget
-        try:
-            reply = await self._complete(req, repair, state)
-        except _Transient as exc:
-            return self._failure(req, state, started, exc.status, exc.message)
-        final = self._finish(req, state, started, reply, schema)
+        final, reply = await self._reply(req, repair, state, started, schema)
         if final is not None:
             return final
         try:
@@ -299,6 +291,15 @@ class JudgeClient:
         except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
             return self._failure(req, state, started, rq.INVALID_OUTPUT, "after repair: " + _describe(exc), reply)
         return self._success(req, state, started, reply, value)
+
+    async def _reply(self, req, messages: list[dict], state: _CallState, started, schema):
+        """One completion, retries included: (the final response, reply) when that ends the call
+        (a failure, or what _finish settles), else (None, reply) with a text to parse."""
+        try:
+            reply = await self._complete(req, messages, state)
+        except _Transient as exc:
+            return self._failure(req, state, started, exc.status, exc.message), None
+        return self._finish(req, state, started, reply, schema), reply
 
     def _finish(self, req, state, started, reply: _Reply, schema) -> rq.JudgeResponse | None:
         """The final response when no parsing is needed (or allowed); None to go on parsing."""

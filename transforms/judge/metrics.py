@@ -317,15 +317,21 @@ async def context_recall(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     return Score(value, "ok" if value is not None else "no_statements", details)
 
 
+async def _share_of_contexts(j: Judge, template: str, contexts: list, inputs) -> Score:
+    """One yes/no verdict per context (inputs(context) -> the template's inputs): the share of
+    yes, 0.0 without contexts."""
+    if not contexts:
+        return Score(0.0, details={"contexts": 0})
+    answers = await all_of(*(yes_no(j, template, inputs(ctx)) for ctx in contexts))
+    verdicts = [v for v, _ in answers]
+    return Score(ks.share(verdicts), details={"verdicts": verdicts, "reasons": [r for _, r in answers]})
+
+
 async def context_relevance(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     question = need(d.question, "question")
     contexts = need(d.contexts, "contexts")
-    if not contexts:
-        return Score(0.0, details={"contexts": 0})
-    answers = await all_of(*(yes_no(j, "context_relevance_verdict", {"question": question, "context": ctx})
-                             for ctx in contexts))
-    verdicts = [v for v, _ in answers]
-    return Score(ks.share(verdicts), details={"verdicts": verdicts, "reasons": [r for _, r in answers]})
+    return await _share_of_contexts(j, "context_relevance_verdict", contexts,
+                                    lambda ctx: {"question": question, "context": ctx})
 
 
 async def faithfulness(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
@@ -347,12 +353,8 @@ async def faithfulness(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
 async def hallucination(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     contexts = need(d.contexts, "contexts")
     response = need(d.response, "response")
-    if not contexts:
-        return Score(0.0, details={"contexts": 0})
-    answers = await all_of(*(yes_no(j, "hallucination_verdict", {"context": ctx, "text": response})
-                             for ctx in contexts))
-    verdicts = [v for v, _ in answers]
-    return Score(ks.share(verdicts), details={"verdicts": verdicts, "reasons": [r for _, r in answers]})
+    return await _share_of_contexts(j, "hallucination_verdict", contexts,
+                                    lambda ctx: {"context": ctx, "text": response})
 
 
 async def summary_coherence(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
