@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from evalbeam.pipelines.common import quiet_logs
 from evalbeam.pipelines.registry import TASKS
 
 # commands that are not tasks: (module with run(argv) -> exit code, one line)
@@ -23,20 +24,6 @@ def usage() -> str:
         lines.append(f"  {name:<16} {line}")
     lines += ["", "See the README for input formats, options and outputs."]
     return "\n".join(lines)
-
-
-def quiet_logs() -> None:
-    """Beam logs warnings of optional cloud clients on import, and tracebacks of failing steps;
-    a CLI user needs none of them. EVALBEAM_LOG_LEVEL (e.g. INFO) brings them back."""
-    import logging
-    import os
-
-    level = os.environ.get("EVALBEAM_LOG_LEVEL")
-    logging.getLogger().setLevel((level or "ERROR").upper())
-    if level is None:
-        # Beam logs a failing step's traceback at ERROR; the launcher says what failed in one
-        # paragraph (and run.json records it), so by default the traceback is not shown.
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -194,3 +194,17 @@ def parse_slices(specs: list[str]) -> list[tuple[str, ...]]:
             raise UsageError("--slice needs at least one metadata key")
         slices.append(keys)
     return slices
+
+
+def quiet_logs() -> None:
+    """Beam logs warnings of optional cloud clients on import, and tracebacks of failing steps;
+    a CLI user needs none of them. EVALBEAM_LOG_LEVEL (e.g. INFO) brings them back."""
+    import logging
+    import os
+
+    level = os.environ.get("EVALBEAM_LOG_LEVEL")
+    logging.getLogger().setLevel((level or "ERROR").upper())
+    if level is None:
+        # Beam logs a failing step's traceback at ERROR; the launcher says what failed in one
+        # paragraph (and run.json records it), so by default the traceback is not shown.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)

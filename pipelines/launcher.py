@@ -25,9 +25,12 @@ import sys
 import time
 
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, make_pipeline,
-                                       parse_models, parse_slices, rejection_message,
+                                       parse_models, parse_slices, quiet_logs, rejection_message,
                                        safe_beam_args, say_error, split_beam_args, versions)
-from evalbeam.pipelines.task import TaskSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # the spec calls the launcher (TaskSpec.run), not the other way round
+    from evalbeam.pipelines.task import TaskSpec
 
 
 def build_parser(spec: TaskSpec) -> argparse.ArgumentParser:
@@ -71,8 +74,6 @@ def run_task(spec: TaskSpec, argv: list[str] | None = None) -> int:
 
 def main_of(spec: TaskSpec) -> None:
     """`python -m evalbeam.pipelines.<task>`: the task's command with quiet logs."""
-    from evalbeam.pipelines.cli import quiet_logs
-
     quiet_logs()
     sys.exit(run_task(spec))
 

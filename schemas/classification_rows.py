@@ -1,5 +1,5 @@
 """Classification rows: the row format, its Arrow schemas, the readers of JSONL, Parquet and
-Python rows into normalised tables (see schemas.rows), and validation into flat label arrays.
+Python rows into normalised tables (see schemas.arrow_tables), and validation into flat label arrays.
 
 Ground-truth row: {"datum_uid": str, "metadata"?: {str: scalar}, "labels": [{"key", "value"}]},
 one value per key. Prediction row: {"datum_uid": str, "labels": [{"key", "value", "score"}]}, any
@@ -41,11 +41,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from evalbeam.schemas.arrow_tables import (POSITION, REASON, SLICE_PREFIX, metadata_slice_columns,
+                                           slice_columns)
 from evalbeam.schemas.formats import (SkippedLine, deep_lines, is_utf8, nonblank_line_numbers,
                                       not_utf8_reason, scan_lines, too_long_reason)
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.rows import (POSITION, REASON, SLICE_PREFIX, metadata_slice_columns,
-                                   slice_columns)
 from evalbeam.schemas.safe_json import (MAX_NESTING, lone_surrogate, loads_row, slice_value_problem,
                                         surrogate_reason)
 

@@ -32,8 +32,8 @@ except ImportError:   # an optional speed-up: json.loads gives the same values
 
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
-from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import BOM, MAX_NESTING, lone_surrogate, slice_value_problem
+from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
 MAX_COORDINATE = 1e150

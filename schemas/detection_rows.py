@@ -21,10 +21,10 @@ import pyarrow as pa
 
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
-from evalbeam.schemas.rows import canonical_json
-from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.hashing import fnv1a_64
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
 

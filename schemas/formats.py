@@ -1,7 +1,7 @@
 """Input formats: which format a file is in, and JSONL split into blocks of lines, safely.
 
 JSONL is read a block of whole lines at a time (jsonl_blocks); a task's rows module turns each
-block into a normalised table (schemas.rows), e.g. schemas.classification_rows.parse_jsonl_block
+block into a normalised table (schemas.arrow_tables), e.g. schemas.classification_rows.parse_jsonl_block
 with Arrow's multi-threaded JSON reader. Arrow must never see a line nested deeper than
 schemas.safe_json.MAX_NESTING (its reader overflows its stack, a segfault, near 20,000 levels):
 deep_lines measures every line of a block first, so that a block with such a line is parsed the

@@ -53,9 +53,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, lone_surrogate, loads_row,
                                          slice_value_problem, surrogate_reason)
+from evalbeam.schemas.slices import canonical_json
 
 FORMATS = ("trec", "jsonl")
 BLOCK_BYTES = 64 << 20

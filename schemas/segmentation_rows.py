@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem
-from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.schemas.slices import canonical_json
 
 
 @dataclass

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evalbeam.schemas.rows import canonical_json
 from evalbeam.schemas.safe_json import lone_surrogate, slice_value_problem
+from evalbeam.schemas.slices import canonical_json
 
 SURROGATE_REASON = ("{where} holds a lone UTF-16 surrogate (such as \\ud800 without its pair): "
                     "not valid Unicode text")

@@ -42,6 +42,42 @@ def test_imports_point_down(folder, forbidden):
     assert upward == []
 
 
+def test_no_import_cycles():
+    """Lazy imports count too (a cycle hidden in a function is still a cycle to read); imports
+    under `if TYPE_CHECKING:` do not run and are left out."""
+    graph: dict = {}
+    for folder in ("pipelines", "transforms", "schemas"):
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(base, name)
+                module = "evalbeam." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                module = module.removesuffix(".__init__")
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read(), path)
+                hidden = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                          and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+                graph[module] = {node.module for node in ast.walk(tree)
+                                 if isinstance(node, ast.ImportFrom) and id(node) not in hidden
+                                 and (node.module or "").startswith("evalbeam.")}
+    done, cycles = set(), []
+
+    def visit(module, stack):
+        if module in stack:
+            cycles.append(stack[stack.index(module):] + [module])
+            return
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, stack + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
+
+
 def test_every_import_uses_the_evalbeam_namespace():
     bare = sorted({(path, module) for folder in ("pipelines", "transforms", "schemas")
                    for path, module in imports_of(folder)

@@ -26,13 +26,14 @@ from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
                                                   dict_rows_table, parquet_tables,
                                                   parse_jsonl_block, validate, vocabulary)
 from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
-from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.rejections import reject
+from evalbeam.schemas.slices import canonical_json
+from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn,
                                     ReadFiles, open_input)
 from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, match_key,
                                                         state_records)
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.merge import merged_records
 
 GROUNDTRUTHS = "groundtruths"

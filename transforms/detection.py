@@ -25,7 +25,8 @@ from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, 
 from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
-from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.rejections import reject
+from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
                                     ReadRowFile, open_input, read_pcollections)

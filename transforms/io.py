@@ -25,7 +25,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.formats import format_of, position_name
-from evalbeam.schemas.rows import reject
+from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 
 TAG_REJECTED = "rejected"

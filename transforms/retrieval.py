@@ -32,11 +32,12 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.hashing import fnv1a_64, shard_of
+from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_problem,
                                              duplicate_groups, duplicate_reason,
                                              duplicate_rows_reason, format_of, parse_qrels,
                                              parse_run, slice_values, without_rows)
-from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
                                     merge_sorted_parts, open_input, read_pcollections)

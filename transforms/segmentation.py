@@ -19,11 +19,13 @@ import numpy as np
 from evalbeam.schemas.hashing import uid_shards
 from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
 from evalbeam.schemas.mask_files import MaskFileError
-from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
+from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                                    ReadRowFile, RowsFromDicts, read_pcollections, reject_row, unique_by_source)
+                                    ReadRowFile, RowsFromDicts, read_pcollections, reject_row,
+                                    unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
                                                       UnknownIds, code_table, label_ids,
                                                       lookup_table, pixel_confusion,

@@ -16,16 +16,17 @@ import typing
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.rows import canonical_json, reject
+from evalbeam.schemas.hashing import uid_shards
+from evalbeam.schemas.rejections import reject
+from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.judge.report import judge_problems, judge_report
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, ReadRowFile, RowsFromDicts,
-                                    join, merge_sorted_parts, read_pcollections, reject_row,
-                                    unique_by_source)
-from evalbeam.transforms.judge.session import merge_counters
-from evalbeam.schemas.hashing import uid_shards
+from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, ReadRowFile,
+                                    RowsFromDicts, join, merge_sorted_parts, read_pcollections,
+                                    reject_row, unique_by_source)
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
+from evalbeam.transforms.judge.report import judge_problems, judge_report
+from evalbeam.transforms.judge.session import merge_counters
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
 from evalbeam.transforms.merge import merged_records

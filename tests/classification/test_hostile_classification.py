@@ -23,7 +23,7 @@ from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
                                                   dict_rows_table, parquet_tables,
                                                   parse_jsonl_block, validate)
 from evalbeam.schemas.formats import SkippedLine, deep_lines, jsonl_blocks
-from evalbeam.schemas.rows import REASON
+from evalbeam.schemas.arrow_tables import REASON
 from evalbeam.schemas.safe_json import nesting_depth
 
 GT, PRED = CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION

@@ -1,4 +1,5 @@
-"""Input rows: normalisation of raw rows into Arrow tables, slice columns, and the reject record.
+"""Normalised Arrow tables of input rows (classification's readers build them): the position,
+slice and reason columns.
 
 Every reader (JSONL, Parquet, Python dicts from a user's PCollection) produces a *normalised
 table*: the row fields the task needs with their Arrow types, a `__position` column (1-based line
@@ -13,38 +14,16 @@ first, with that reason.
 
 from __future__ import annotations
 
-import json
-import re
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.schemas.slices import canonical_json
 
 POSITION = "__position"
 SLICE_PREFIX = "__slice__:"
 REASON = "__reason"
-
-_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
-
-
-def reject(source: str, file: str, position: int | None, reason: str,
-           datum_uid: str | None = None, position_name: str = "line") -> dict:
-    """The record of one rejected input row, as written to rejected.jsonl. Memory addresses
-    that library messages carry ("<_io.BytesIO object at 0x7f...>") are removed from the
-    reason, so the same input gives the same rejected.jsonl in every run."""
-    record = {"source": source, "file": file, position_name: position,
-              "reason": _ADDRESS.sub("", reason)}
-    if datum_uid is not None:
-        record["datum_uid"] = datum_uid
-    return record
-
-
-def canonical_json(value) -> str:
-    """JSON text of a metadata value, identical for equal values whatever their origin."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
 
 def slice_columns(metadata: list, slice_keys: list[str]) -> dict[str, pa.Array]:
     """`__slice__:<key>` columns from a list of metadata dicts (or None)."""

@@ -1,0 +1,19 @@
+"""The record of a rejected input row: one line of rejected.jsonl, the same for every task."""
+
+from __future__ import annotations
+
+import re
+
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+
+
+def reject(source: str, file: str, position: int | None, reason: str,
+           datum_uid: str | None = None, position_name: str = "line") -> dict:
+    """The record of one rejected input row, as written to rejected.jsonl. Memory addresses
+    that library messages carry ("<_io.BytesIO object at 0x7f...>") are removed from the
+    reason, so the same input gives the same rejected.jsonl in every run."""
+    record = {"source": source, "file": file, position_name: position,
+              "reason": _ADDRESS.sub("", reason)}
+    if datum_uid is not None:
+        record["datum_uid"] = datum_uid
+    return record

@@ -1,0 +1,46 @@
+"""The one launcher: every task gets the same common options and the same checks of them (before
+issue 15 detection lacked the --num_shards / --max_rejected_fraction checks), its own options,
+and the same refusal of a bad command line (exit 2, one line naming the option)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalbeam.pipelines.common import UsageError
+from evalbeam.pipelines.launcher import build_parser, parse_command
+from evalbeam.pipelines.registry import TASKS, spec_of
+
+BASE = ["--groundtruths", "gt.jsonl", "--predictions", "m=m.jsonl", "--output", "out"]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("extra, message", [
+    (["--num_shards", "0"], "--num_shards must be 1 or more"),
+    (["--max_rejected_fraction", "1.5"], "--max_rejected_fraction must lie in [0, 1]"),
+    (["--predictions", "m=other.jsonl"], "two --predictions are named 'm'"),
+    (["--slice", ","], "--slice needs at least one metadata key"),
+    (["--no_such_option", "1"], "unknown option(s) --no_such_option"),
+])
+def test_common_checks_are_the_same_for_every_task(task, extra, message):
+    with pytest.raises(UsageError) as error:
+        parse_command(spec_of(task), BASE + extra)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_task_has_the_common_options_and_its_own(task):
+    spec = spec_of(task)
+    parser = build_parser(spec)
+    options = {option for action in parser._actions for option in action.option_strings}
+    assert {"--groundtruths", "--predictions", "--output", "--slice", "--num_shards",
+            "--max_rejected_fraction", "--overwrite", "--quiet"} <= options
+    assert parser.prog == f"evalbeam {task}"
+    args, config, models, slices, beam_args = parse_command(spec, BASE + ["--slice", "a,b"])
+    assert models == {"m": "m.jsonl"} and slices == [("a", "b")] and beam_args == []
+    assert isinstance(spec.options(config, args), dict)
+
+
+def test_run_returns_2_and_one_line_for_a_bad_command_line(capsys):
+    assert spec_of("detection").run(BASE + ["--num_shards", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "evalbeam: error: --num_shards must be 1 or more\n"
