@@ -71,9 +71,6 @@ class TaskSpec:
         """Evaluate<Task>, the class."""
         return getattr(self.plumbing(), f"Evaluate{self.title}")
 
-    def record_key(self, record: dict):
-        return self.plumbing().record_sort_key(record)
-
     def run(self, argv: list[str] | None = None) -> int:
         """The task's command line (argv, default sys.argv[1:]) run to its exit code."""
         from evalbeam.pipelines.launcher import run_task

@@ -92,6 +92,8 @@ def test_every_task_has_its_pieces_under_the_same_names(task):
     spec = spec_of(task)
     assert spec.name == task and spec.transforms == f"evalbeam.transforms.{task}"
     title = task.capitalize()
+    assert spec.files_transform().__name__ == f"Evaluate{title}Files"
+    assert spec.pcollection_transform().__name__ == f"Evaluate{title}"
     plumbing = importlib.import_module(f"evalbeam.transforms.{task}")
     kernel = importlib.import_module(f"evalbeam.transforms.kernels.{task}")
     for name in (f"Evaluate{title}Files", f"Evaluate{title}", f"Match{title}",

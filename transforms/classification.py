@@ -29,14 +29,13 @@ from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.io import (SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB, ProgressDoFn,
-                                    ReadFiles, open_input)
+from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
+                                    ProgressDoFn, ReadFiles, open_input)
 from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, match_key,
                                                         state_records)
 from evalbeam.transforms.merge import merged_records
 
-GROUNDTRUTHS = "groundtruths"
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 

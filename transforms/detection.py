@@ -28,8 +28,8 @@ from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                                    ReadRowFile, open_input, read_pcollections)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
+                                    ReadFiles, ReadRowFile, open_input, read_pcollections)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, pair_box_iou,
@@ -38,7 +38,6 @@ from evalbeam.transforms.kernels.detection_confusion import ConfusionState, conf
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
 from evalbeam.transforms.merge import merged_records
 
-GROUNDTRUTHS = "groundtruths"
 TAG_CATEGORIES = "categories"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 

@@ -31,6 +31,8 @@ from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
 TAG_VOCAB = "vocab"
+# the source name of the ground truth; every other source is a model
+GROUNDTRUTHS = "groundtruths"
 
 
 class InputError(Exception):
@@ -352,7 +354,7 @@ class RowsFromDicts(beam.DoFn):
         self.num_shards = num_shards
 
     def keys_of(self, source: str) -> list[str]:
-        return self.slice_keys if source == "groundtruths" else []
+        return self.slice_keys if source == GROUNDTRUTHS else []
 
 
 SHARD_PIECE = typing.Tuple[int, typing.Any]
@@ -479,7 +481,7 @@ def unique_by_source(files: dict, pieces, models: list, outputs: list) -> tuple[
     by_source: dict = {}
     for source, rows in pieces:
         by_source.setdefault(source, []).extend(rows)
-    truths = unique_or_rejected(files, "groundtruths", by_source.get("groundtruths", []), outputs)
+    truths = unique_or_rejected(files, GROUNDTRUTHS, by_source.get(GROUNDTRUTHS, []), outputs)
     predictions = {m: unique_or_rejected(files, m, by_source.get(m, []), outputs) for m in models}
     return truths, predictions
 
@@ -513,10 +515,10 @@ def read_pcollections(pcolls: dict, batch_size: int, reader: beam.DoFn, tags: tu
     """(model names, read) for a task's PTransform on a user's PCollections of row dicts: the
     batches of every source through `reader` (a DoFn of (source, [row, ...]) like the file
     readers), main output "pieces" plus the tagged outputs."""
-    if "groundtruths" not in pcolls:
+    if GROUNDTRUTHS not in pcolls:
         raise ValueError(f"{what} needs a 'groundtruths' PCollection")
-    models = sorted(name for name in pcolls if name != "groundtruths")
-    read = (tagged_batches(pcolls, ["groundtruths"] + models, batch_size)
+    models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
+    read = (tagged_batches(pcolls, [GROUNDTRUTHS] + models, batch_size)
             | "Batches" >> beam.Flatten()
             | "Rows" >> beam.ParDo(reader).with_outputs(*tags, main="pieces"))
     return models, read

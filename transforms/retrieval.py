@@ -39,13 +39,12 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
                                              parse_run, slice_values, without_rows)
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, join,
-                                    merge_sorted_parts, open_input, read_pcollections)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
+                                    join, merge_sorted_parts, open_input, read_pcollections)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
 from evalbeam.transforms.merge import merged_records
 
-GROUNDTRUTHS = "groundtruths"
 TAG_PER_QUERY = "per_query"
 TAG_COVERAGE = "coverage"
 EXAMPLES = 3   # query ids quoted in a coverage problem
@@ -379,8 +378,7 @@ class MatchRetrieval(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_COVERAGE, (model, coverage_of_codes(codes)))
             query_codes, values = evaluate(codes.qrels_query, codes.qrels_doc, qrels.relevance,
                                            codes.run_query, codes.run_doc,
-                                           run.score if run else np.zeros(0), self.config,
-                                           self.config.complete)
+                                           run.score if run else np.zeros(0), self.config)
             query_ids = codes.query_ids.take(pa.array(query_codes, pa.int64())).to_pylist()
             groups = self._groups(query_ids, query_slices or {})
             for slice_json, index in groups.items():

@@ -23,9 +23,9 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError, ReadFiles,
-                                    ReadRowFile, RowsFromDicts, read_pcollections, reject_row,
-                                    unique_by_source)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
+                                    ReadFiles, ReadRowFile, RowsFromDicts, read_pcollections,
+                                    reject_row, unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
                                                       UnknownIds, code_table, label_ids,
                                                       lookup_table, pixel_confusion,
@@ -33,7 +33,6 @@ from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, Segmen
 from evalbeam.transforms.mask_files import read_array
 from evalbeam.transforms.merge import MergeStates, records_of
 
-GROUNDTRUTHS = "groundtruths"
 TAG_LABELS = "labels"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 

@@ -21,9 +21,9 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.io import (TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles, ReadRowFile,
-                                    RowsFromDicts, join, merge_sorted_parts, read_pcollections,
-                                    reject_row, unique_by_source)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
+                                    ReadRowFile, RowsFromDicts, join, merge_sorted_parts,
+                                    read_pcollections, reject_row, unique_by_source)
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.judge.report import judge_problems, judge_report
 from evalbeam.transforms.judge.session import merge_counters
@@ -31,7 +31,6 @@ from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextSta
                                               state_records)
 from evalbeam.transforms.merge import merged_records
 
-GROUNDTRUTHS = "groundtruths"
 TAG_SCORES = "scores"
 TAG_JUDGE = "judge_stats"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]

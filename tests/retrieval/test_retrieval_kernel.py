@@ -7,6 +7,8 @@ import json
 import math
 import re
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -42,7 +44,7 @@ def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
     rs = np.array([v for docs in run.values() for v in docs.values()], np.float64)
     ids = encode_ids(qq, qd, rq, rd)
     codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qr, ids.run_query, ids.run_doc, rs,
-                             config, complete)
+                             replace(config, complete=complete))
     names = ids.query_ids.to_pylist()
     return {names[c]: {m: float(v[i]) for m, v in values.items()} for i, c in enumerate(codes)}
 
@@ -50,7 +52,7 @@ def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
 def evaluate_columns(qrels_cols, run_cols, config: RetrievalConfig, complete: bool = False):
     ids = encode_ids(qrels_cols.query, qrels_cols.doc, run_cols.query, run_cols.doc)
     codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qrels_cols.relevance, ids.run_query,
-                             ids.run_doc, run_cols.score, config, complete)
+                             ids.run_doc, run_cols.score, replace(config, complete=complete))
     return [ids.query_ids[int(c)].as_py() for c in codes], values
 
 

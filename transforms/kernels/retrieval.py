@@ -460,15 +460,14 @@ def judged_queries(qrels_query: np.ndarray) -> np.ndarray:
 
 
 def evaluate(qrels_query, qrels_doc, qrels_rel, run_query, run_doc, run_score,
-             config: RetrievalConfig = RetrievalConfig(), complete: bool = False,
-             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+             config: RetrievalConfig = RetrievalConfig()) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per-query values of every measure of measure_names(config).
 
     qrels_*: int64[m] query codes, doc codes, relevance levels (any int; negative = unjudged);
     run_*: int64[n] query codes, doc codes, float64[n] finite scores. Codes from encode_ids:
     shared between qrels and run, doc codes ordered like the doc ids. Each (query, doc) pair at
     most once in each input (ValueError for the qrels; the run's duplicates are the caller's).
-    complete: also evaluate qrels queries absent from the run (trec_eval -c).
+    config.complete: also evaluate qrels queries absent from the run (trec_eval -c).
     Returns (query codes int64[Q] ascending, {measure: float64[Q]}). Q = 0 when no query has
     both qrels and run rows (trec_eval would refuse to print anything).
     """
@@ -485,7 +484,7 @@ def evaluate(qrels_query, qrels_doc, qrels_rel, run_query, run_doc, run_score,
     heads = np.flatnonzero(np.r_[True, row_query[1:] != row_query[:-1]]) if n_rows else order[:0]
     head_query = row_query[heads]
     judged = judged_queries(qrels_query)
-    queries = judged if complete else np.intersect1d(judged, head_query, assume_unique=True)
+    queries = judged if config.complete else np.intersect1d(judged, head_query, assume_unique=True)
     n_queries = queries.size
 
     # Query slot s owns ranked rows [start[s], start[s] + num_ret[s]); none when not in the run.
