@@ -55,9 +55,36 @@ def parse_command(spec: TaskSpec, argv: list[str]):
         raise UsageError("--max_rejected_fraction must lie in [0, 1]")
     models = parse_models(args.predictions)
     slices = parse_slices(args.slice)
+    args.uncertainty = parse_bootstrap(args, models)
     args.beam_args = beam_args       # for tasks whose config depends on them (judge workers)
     config = spec.configure(args)
     return args, config, models, slices, beam_args
+
+
+MAX_REPLICATES = 10_000
+
+
+def parse_bootstrap(args, models: dict):
+    """The Bootstrap of --bootstrap, --confidence and --bootstrap_seed, after checking them and
+    --compare_to; raises UsageError."""
+    from evalbeam.transforms.kernels.bootstrap import Bootstrap
+
+    if not 0 <= args.bootstrap <= MAX_REPLICATES:
+        raise UsageError(f"--bootstrap must lie in [0, {MAX_REPLICATES:,}] (replicates; 0: no intervals)")
+    if not 0.0 < args.confidence < 1.0:
+        raise UsageError("--confidence must lie strictly between 0 and 1 (e.g. 0.95)")
+    if not 0 <= args.bootstrap_seed < 2 ** 63:
+        raise UsageError("--bootstrap_seed must lie in [0, 2^63)")
+    if args.compare_to is not None:
+        if args.bootstrap < 1:
+            raise UsageError("--compare_to needs --bootstrap R (R > 0, e.g. 1000): the paired "
+                             "comparisons are made from the bootstrap replicates")
+        if args.compare_to not in models:
+            raise UsageError(f"--compare_to {args.compare_to!r} is not one of the models "
+                             f"({', '.join(sorted(models))})")
+        if len(models) < 2:
+            raise UsageError("--compare_to needs at least two models (--predictions NAME=PATH, twice)")
+    return Bootstrap(args.bootstrap, args.confidence, args.bootstrap_seed)
 
 
 def run_task(spec: TaskSpec, argv: list[str] | None = None) -> int:
@@ -101,6 +128,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace files named like evalbeam's outputs in --output even if "
                              "evalbeam did not write them (inputs are never replaced)")
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R",
+                        help="Poisson bootstrap replicates: a confidence interval on every scalar "
+                             "metric (default 0: none; see pipelines/uncertainty.md)")
+    parser.add_argument("--confidence", type=float, default=0.95, metavar="C",
+                        help="coverage of the intervals (default 0.95)")
+    parser.add_argument("--bootstrap_seed", type=int, default=0, metavar="S",
+                        help="seed of the bootstrap weights (default 0); the same seed gives the "
+                             "same intervals on any runner, shard count or input order")
+    parser.add_argument("--compare_to", default=None, metavar="MODEL",
+                        help="compare every other model with this one: paired differences with "
+                             "intervals and p-values (needs --bootstrap)")
 
 
 
@@ -222,7 +260,9 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         "sources": list(sources),
         "slices": [list(s) for s in slices],
         "options": dict(spec.options(config, args), num_shards=num_shards,
-                        max_rejected_fraction=args.max_rejected_fraction),
+                        max_rejected_fraction=args.max_rejected_fraction,
+                        bootstrap=args.uncertainty.replicates, confidence=args.confidence,
+                        bootstrap_seed=args.bootstrap_seed, compare_to=args.compare_to),
         "runner": options.get_all_options().get("runner") or "DirectRunner",
         "beam_args": safe_beam_args(beam_args),
         "versions": versions(),
@@ -239,7 +279,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
     try:
         pipeline = make_pipeline(options)
         job = FilesJob(sources, tuple(sorted(models)), tuple(slices), num_shards, args.quiet,
-                       started, folder.temp)
+                       started, folder.temp, args.uncertainty, args.compare_to)
         build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction)
         with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
             pipeline.run().wait_until_finish()
@@ -265,6 +305,14 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         return EXIT_OK
     if not args.quiet:
         print(spec.summarize(folder.final("metrics.jsonl"), info, config))
+        if args.uncertainty.enabled:
+            print(f"\nIntervals: every scalar metric in metrics.jsonl has an \"interval\" "
+                  f"({args.confidence:.0%}, {args.uncertainty.replicates:,} Poisson bootstrap "
+                  f"replicates, seed {args.bootstrap_seed}); see pipelines/uncertainty.md.")
+        if args.compare_to is not None:
+            from evalbeam.pipelines.summary import comparison_summary
+
+            print("\n" + comparison_summary(folder.final("metrics.jsonl")))
         scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
                          if name.split(".")[0] + "_written" in info)
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
@@ -284,10 +332,13 @@ def build_pipeline(pipeline, spec: TaskSpec, config, job, folder, run_info: dict
 
     from evalbeam.transforms.io import WriteJsonl
     from evalbeam.transforms.outputs import reject_sort_key
+    from evalbeam.transforms.uncertainty import Uncertainty, with_comparisons_last
 
     out = pipeline | spec.title >> spec.files_transform()(config, job)
-    n_metrics = out.metrics | "WriteMetrics" >> WriteJsonl(folder.temp("metrics.jsonl"),
-                                                           spec.plumbing().record_sort_key)
+    metrics = (Uncertainty.inputs(out.metrics, out.presence, out.outcomes)
+               | "Uncertainty" >> Uncertainty(job.bootstrap, spec.interval_unit, job.compare_to))
+    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(
+        folder.temp("metrics.jsonl"), with_comparisons_last(spec.plumbing().record_sort_key))
     n_rejected = out.rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"),
                                                              reject_sort_key)
     extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]

@@ -195,3 +195,54 @@ def retrieval_summary(metrics_path: str, counts: dict) -> str:
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
     return f"\nRetrieval summary (trec_eval conventions)\n{_table(['model', 'slice', *columns], rows)}\n\n{inputs}"
+
+
+def _brief(parameters: dict) -> str:
+    """The parameters of a compared record in one short cell (label, threshold, k, ...)."""
+    parts = []
+    for key, value in sorted(parameters.items()):
+        if isinstance(value, dict):
+            value = "/".join(str(v) for v in value.values())
+        elif isinstance(value, list):
+            continue
+        parts.append(f"{key}={value}")
+    text = ", ".join(parts)
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def comparison_summary(metrics_path: str, shown: int = 15) -> str:
+    """The Comparison records of a run (--compare_to): how many there are, how many have a
+    Benjamini-Hochberg adjusted p-value under 0.05, and the `shown` smallest adjusted p-values
+    as a table (difference, its interval, p, adjusted p, the datums a model lacks)."""
+    found = []
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            if record["type"] == "Comparison":
+                found.append(record)
+    if not found:
+        return "No comparisons: no scalar metric was computed for both models."
+    baseline = found[0]["parameters"]["baseline"]
+
+    def q(record):
+        value = record["comparison"].get("p_value_adjusted")
+        return 2.0 if value is None else value
+
+    found.sort(key=lambda r: (q(r), r["model"], json.dumps(r["slice"], sort_keys=True),
+                              r["parameters"]["metric"], json.dumps(r["parameters"], sort_keys=True)))
+    significant = sum(1 for r in found if q(r) < 0.05)
+    rows = []
+    for record in found[:shown]:
+        interval, comparison = record.get("interval") or {}, record["comparison"]
+        lacks = comparison.get("model_lacks", 0) + comparison.get("baseline_lacks", 0)
+        span = "-" if interval.get("low") is None else f"[{interval['low']:+.4f}, {interval['high']:+.4f}]"
+        rows.append([record["model"], json.dumps(record["slice"], sort_keys=True, ensure_ascii=False),
+                     record["parameters"]["metric"], _brief(record["parameters"]["metric_parameters"]),
+                     f"{record['value']:+.4f}", span,
+                     "-" if comparison["p_value"] is None else f"{comparison['p_value']:.3g}",
+                     "-" if q(record) > 1 else f"{q(record):.3g}", str(lacks)])
+    head = (f"Comparisons with {printable(baseline)}: {len(found):,} (model, metric, slice), "
+            f"{significant:,} with a Benjamini-Hochberg adjusted p-value under 0.05; "
+            f"the {min(shown, len(found))} smallest:")
+    return head + "\n" + _table(["model", "slice", "metric", "parameters", "difference", "interval",
+                                 "p", "adjusted p", "lacking datums"], rows)

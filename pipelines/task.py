@@ -41,7 +41,9 @@ class TaskSpec:
     extra_outputs(config) -> file names the task writes besides metrics.jsonl, rejected.jsonl
       and run.json (scores.jsonl, per_query.jsonl);
     min_shards: the fewest datum shards by default; known_formats: inputs must be .jsonl or
-      .parquet files (False: the task reads other formats, e.g. TREC files)."""
+      .parquet files (False: the task reads other formats, e.g. TREC files);
+    interval_unit: what one bootstrap weight is drawn for ("datum", "image", "query"), as the
+      intervals of metrics.jsonl name it."""
 
     name: str
     summary: str
@@ -55,6 +57,7 @@ class TaskSpec:
     extra_outputs: Callable = _no_extra_outputs
     min_shards: int = 1
     known_formats: bool = True
+    interval_unit: str = "datum"
 
     def plumbing(self):
         return importlib.import_module(self.transforms)

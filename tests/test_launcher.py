@@ -20,6 +20,13 @@ BASE = ["--groundtruths", "gt.jsonl", "--predictions", "m=m.jsonl", "--output", 
     (["--predictions", "m=other.jsonl"], "two --predictions are named 'm'"),
     (["--slice", ","], "--slice needs at least one metadata key"),
     (["--no_such_option", "1"], "unknown option(s) --no_such_option"),
+    (["--bootstrap", "-1"], "--bootstrap must lie in [0, 10,000]"),
+    (["--bootstrap", "10", "--confidence", "1"], "--confidence must lie strictly between 0 and 1"),
+    (["--bootstrap", "10", "--bootstrap_seed", "-2"], "--bootstrap_seed must lie in [0, 2^63)"),
+    (["--compare_to", "m", "--predictions", "n=n.jsonl"], "--compare_to needs --bootstrap R"),
+    (["--bootstrap", "5", "--compare_to", "x", "--predictions", "n=n.jsonl"],
+     "--compare_to 'x' is not one of the models (m, n)"),
+    (["--bootstrap", "5", "--compare_to", "m"], "--compare_to needs at least two models"),
 ])
 def test_common_checks_are_the_same_for_every_task(task, extra, message):
     with pytest.raises(UsageError) as error:
@@ -38,6 +45,12 @@ def test_every_task_has_the_common_options_and_its_own(task):
     args, config, models, slices, beam_args = parse_command(spec, BASE + ["--slice", "a,b"])
     assert models == {"m": "m.jsonl"} and slices == [("a", "b")] and beam_args == []
     assert isinstance(spec.options(config, args), dict)
+    assert not args.uncertainty.enabled and args.compare_to is None
+    args = parse_command(spec, BASE + ["--predictions", "n=n.jsonl", "--bootstrap", "50",
+                                       "--confidence", "0.9", "--bootstrap_seed", "7",
+                                       "--compare_to", "n"])[0]
+    assert (args.uncertainty.replicates, args.uncertainty.confidence, args.uncertainty.seed,
+            args.compare_to) == (50, 0.9, 7, "n")
 
 
 def test_run_returns_2_and_one_line_for_a_bad_command_line(capsys):

@@ -19,7 +19,9 @@ class FilesJob(NamedTuple):
     sources: {"groundtruths" | model name: transforms.io.Source} (expanded, checked files);
     models: model names, sorted; slices: tuples of metadata keys; num_shards: datum shards;
     quiet: no progress lines; started: the run's start (time.time()); temp(name): where the
-    task writes an extra output (e.g. "scores.jsonl") or scratch files before publishing."""
+    task writes an extra output (e.g. "scores.jsonl") or scratch files before publishing;
+    bootstrap: transforms.kernels.bootstrap.Bootstrap, the replicates the task's kernels weigh
+    (replicates 0: none); compare_to: the baseline model of the paired comparisons, or None."""
 
     sources: dict
     models: tuple
@@ -28,6 +30,8 @@ class FilesJob(NamedTuple):
     quiet: bool
     started: float
     temp: Callable[[str], str]
+    bootstrap: Any = None
+    compare_to: Any = None
 
 
 class Evaluated(NamedTuple):
@@ -40,7 +44,18 @@ class Evaluated(NamedTuple):
     problems: problem dicts (transforms.outputs.problem) the task found;
     extra: {output file name: PCollection of the one row count of that file}, for files the
       task wrote itself at job.temp(name) (scores.jsonl, per_query.jsonl);
-    report: None, or a PCollection of one dict merged into run.json (text: "judge")."""
+    report: None, or a PCollection of one dict merged into run.json (text: "judge");
+    presence: None, or a PCollection of (slice JSON, (source, uint64[n] datum hashes)): the
+      datums of a slice that have a ground truth (source "groundtruths") or at least one
+      prediction of a model (source = model name); the paired comparisons count from it the
+      datums one model lacks (transforms.uncertainty);
+    outcomes: None, or a PCollection of ((record identity, slice JSON), (model, uint64[n]
+      datum hashes, bool[n] correct)): per-datum correctness behind a record
+      (kernels.bootstrap.record_identity), for McNemar's test (classification Accuracy, text
+      rule pass/fail).
+
+    Metric records may carry the internal fields kernels.bootstrap.REPLICATES and PROPORTION;
+    transforms.uncertainty.Uncertainty turns them into intervals and removes them."""
 
     metrics: Any
     rejected: Any
@@ -48,6 +63,8 @@ class Evaluated(NamedTuple):
     problems: Any
     extra: dict = {}
     report: Any = None
+    presence: Any = None
+    outcomes: Any = None
 
 
 class EvaluateRows(beam.PTransform):
@@ -55,16 +72,32 @@ class EvaluateRows(beam.PTransform):
     users' own pipelines) takes besides its own options: config, the task's configuration;
     slices, tuples of ground-truth metadata keys (as --slice); num_shards, the datum shards;
     batch_size, rows per batch on their way into shard pieces; with_diagnostics, also return
-    the rejections and the counters."""
+    the rejections and the counters; bootstrap, a kernels.bootstrap.Bootstrap (intervals on
+    every scalar record when its replicates > 0); compare_to, a model name: also Comparison
+    records of every other model against it (needs bootstrap). A subclass ends its expand with
+    self.uncertain(records, presence, outcomes)."""
 
     def __init__(self, config=None, slices=(), num_shards: int = 16, batch_size: int = 1000,
-                 with_diagnostics: bool = False):
+                 with_diagnostics: bool = False, bootstrap=None, compare_to: str | None = None):
         super().__init__()
+        from evalbeam.transforms.kernels.bootstrap import Bootstrap
+
         self.config = config
         self.slices = [tuple(s) for s in slices]
         self.num_shards = num_shards
         self.batch_size = batch_size
         self.with_diagnostics = with_diagnostics
+        self.bootstrap = bootstrap or Bootstrap()
+        self.compare_to = compare_to
+        if compare_to is not None and not self.bootstrap.enabled:
+            raise ValueError("compare_to needs bootstrap replicates (Bootstrap(replicates=R), R > 0)")
+
+    def uncertain(self, records, presence=None, outcomes=None, unit: str = "datum"):
+        """records with their intervals (and the Comparison records), internal fields gone."""
+        from evalbeam.transforms.uncertainty import Uncertainty
+
+        return Uncertainty.inputs(records, presence, outcomes) | "Uncertainty" >> Uncertainty(
+            self.bootstrap, unit, self.compare_to)
 
     @property
     def slice_keys(self) -> list[str]:

@@ -94,3 +94,42 @@ def total_value(totals: dict[int, int]) -> float:
     low = min(totals)
     scaled = sum(s << (e - low) for e, s in totals.items())
     return float(Fraction(scaled) * Fraction(2) ** low)
+
+
+def weighted_exact_totals(values: np.ndarray, weights: np.ndarray) -> list[dict[int, int]]:
+    """[{e: S} for each row r of weights]: the exact_totals of sum_i weights[r, i] * values[i],
+    for the integer weights of bootstrap replicates (kernels.bootstrap).
+
+    values: float64[n], finite; weights: non-negative integers [R, n] (at most 255 each, as
+    Bootstrap.weights gives). Each value is m * 2**e as in exact_totals; per exponent, the 27-
+    and 26-bit halves of m are multiplied by the weights and summed in int64 (exact for
+    n <= 2**27 values per call), so every replicate's sum is exact and order-free."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    weights = np.asarray(weights)
+    if weights.ndim != 2 or weights.shape[1] != values.size:
+        raise ValueError(f"weights must be [R, {values.size}], not {weights.shape}")
+    if values.size > 1 << 27:
+        raise ValueError("weighted_exact_totals sums at most 2**27 values per call")
+    out: list[dict[int, int]] = [{} for _ in range(weights.shape[0])]
+    keep = values != 0
+    values, weights = values[keep], weights[:, keep]
+    if not values.size:
+        return out
+    if not np.isfinite(values).all():
+        raise ValueError("exact sums need finite values")
+    fraction, exponent = np.frexp(values)
+    mantissa = (fraction * float(1 << 53)).astype(np.int64)
+    exponent = exponent.astype(np.int64) - 53
+    order = np.argsort(exponent, kind="stable")
+    exponent, mantissa, weights = exponent[order], mantissa[order], weights[:, order].astype(np.int64)
+    bounds = np.r_[0, np.flatnonzero(np.diff(exponent)) + 1, exponent.size]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        part = weights[:, start:stop]
+        high = part @ (mantissa[start:stop] >> 26)
+        low = part @ (mantissa[start:stop] & ((1 << 26) - 1))
+        e = int(exponent[start])
+        for r in range(part.shape[0]):
+            total = (int(high[r]) << 26) + int(low[r])
+            if total:
+                out[r][e] = total
+    return out
