@@ -322,3 +322,25 @@ def test_without_bootstrap_the_records_are_only_cleaned():
     record = _records()[0]
     assert finish_record(record, Bootstrap(0), "datum") == {
         k: v for k, v in record.items() if k not in (REPLICATES, PROPORTION)}
+
+
+def test_records_with_object_values_get_one_interval_and_comparison_per_field(tmp_path):
+    def rec(model, value, reps, proportion):
+        return {"type": "TextMatching", "value": value, "parameters": {}, "model": model,
+                "slice": {"lang": "en"}, REPLICATES: reps, PROPORTION: proportion}
+
+    records = [rec("base", {"pass": 0.5, "fail": 0.5, "datums": 4},
+                   {"pass": [0.5, 0.25, 0.75, 0.5], "fail": [0.5, 0.75, 0.25, 0.5]},
+                   {"pass": [2, 4], "fail": [2, 4]}),
+               rec("a", {"pass": 1.0, "fail": 0.0, "datums": 4},
+                   {"pass": [1.0, 1.0, 1.0, 1.0], "fail": [0.0, 0.0, 0.0, 0.0]},
+                   {"pass": [4, 4], "fail": [0, 4]})]
+    got = [json.loads(x) for x in _run_uncertainty(tmp_path, records, [], [])]
+    a = next(r for r in got if r["type"] == "TextMatching" and r["model"] == "a")
+    assert set(a["interval"]) == {"pass", "fail"} and a["interval"]["pass"]["low"] == 1.0
+    assert a["wilson"]["fail"]["successes"] == 0 and a["wilson"]["fail"]["high"] > 0
+    comparisons = {r["parameters"]["metric_parameters"]["field"]: r for r in got if r["type"] == "Comparison"}
+    assert set(comparisons) == {"pass", "fail"}
+    assert comparisons["pass"]["value"] == 0.5
+    assert comparisons["pass"]["interval"]["low"] == np.percentile([0.5, 0.75, 0.25, 0.5], 25)
+    assert comparisons["fail"]["comparison"]["p_value"] == bootstrap_p_value([-0.5, -0.75, -0.25, -0.5])

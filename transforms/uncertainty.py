@@ -38,22 +38,41 @@ def finish_record(record: dict, bootstrap: Bootstrap, unit: str) -> dict:
     out = {k: v for k, v in record.items() if k not in (REPLICATES, PROPORTION)}
     if not bootstrap.enabled:
         return out
-    if REPLICATES in record:
-        out["interval"] = _interval(record[REPLICATES], bootstrap, unit)
-    if PROPORTION in record:
-        successes, trials = (int(x) for x in record[PROPORTION])
-        low, high = wilson_interval(successes, trials, bootstrap.confidence)
-        out["wilson"] = {"low": low, "high": high, "confidence": bootstrap.confidence,
-                         "successes": successes, "trials": trials}
+    replicates, proportion = record.get(REPLICATES), record.get(PROPORTION)
+    if isinstance(replicates, dict):
+        # a value that is an object: one interval per field that has replicates
+        out["interval"] = {name: _interval(values, bootstrap, unit) for name, values in replicates.items()}
+    elif replicates is not None:
+        out["interval"] = _interval(replicates, bootstrap, unit)
+    if isinstance(proportion, dict):
+        out["wilson"] = {name: _wilson(k_n, bootstrap) for name, k_n in proportion.items()}
+    elif proportion is not None:
+        out["wilson"] = _wilson(proportion, bootstrap)
     return out
+
+
+def _wilson(k_n, bootstrap: Bootstrap) -> dict:
+    successes, trials = (int(x) for x in k_n)
+    low, high = wilson_interval(successes, trials, bootstrap.confidence)
+    return {"low": low, "high": high, "confidence": bootstrap.confidence,
+            "successes": successes, "trials": trials}
 
 
 def _keyed(record: dict):
     """(record identity, slice JSON), (model, value, replicates) of a scalar record with
-    replicates; nothing for the others."""
-    if REPLICATES in record and is_scalar(record.get("value")):
-        yield ((record_identity(record["type"], record["parameters"]), canonical_json(record["slice"])),
-               (record["model"], float(record["value"]), record[REPLICATES]))
+    replicates; for a record whose value is an object with REPLICATES {field: [R]}, one per
+    scalar field, named record_identity(type, {**parameters, "field": field}); nothing for the
+    others."""
+    slice_json = canonical_json(record["slice"])
+    replicates, value = record.get(REPLICATES), record.get("value")
+    if isinstance(replicates, dict) and isinstance(value, dict):
+        for name, values in sorted(replicates.items()):
+            if is_scalar(value.get(name)):
+                identity = record_identity(record["type"], {**record["parameters"], "field": name})
+                yield (identity, slice_json), (record["model"], float(value[name]), values)
+    elif replicates is not None and is_scalar(value):
+        yield ((record_identity(record["type"], record["parameters"]), slice_json),
+               (record["model"], float(value), replicates))
 
 
 def coverage(element, baseline: str):
@@ -127,6 +146,10 @@ def compare(element, baseline: str, bootstrap: Bootstrap, unit: str, coverages: 
             continue
         differences = [None if a is None or b is None else a - b
                        for a, b in zip(replicates, base_replicates)]
+        if all(d is None for d in differences):
+            # undefined on one side in every replicate (e.g. COCO's -1 for "no ground truth"):
+            # there is no difference to estimate
+            continue
         comparison = {"model_value": value, "baseline_value": base_value,
                       "test": "paired bootstrap", "p_value": bootstrap_p_value(differences)}
         mcnemar = discordances.get((identity, slice_json, model))
