@@ -166,7 +166,8 @@ SPEC = TaskSpec(
     input_help=".jsonl or .parquet rows with segments or label_map_uri",
     add_arguments=add_arguments, configure=configure, options=options,
     check_source=check_source, transforms="evalbeam.transforms.segmentation",
-    summarize=summarize, min_shards=MIN_SHARDS)
+    summarize=summarize, min_shards=MIN_SHARDS,
+    interval_unit="image")   # transforms.segmentation.INTERVAL_UNIT
 
 
 run = SPEC.run

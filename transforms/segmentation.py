@@ -6,6 +6,11 @@ builds one (K + 1)^2 pixel confusion matrix per (datum, model) with one bincount
 (model, slice) into a SegmentationState (transforms/kernels/segmentation.py). Decoding happens
 after the shuffle, so workers share it. MergeStates adds the shards' states and state_records
 turns them into records; the labels are a side input (sorted names), so every shard agrees on codes.
+
+Intervals (--bootstrap R): each datum's matrix is also reduced to its datum_statistics, and a
+shard adds them per (model, slice) weighted by the datums' Poisson bootstrap weights (one integer
+matrix product per batch of datums); the records carry the replicate values and
+transforms.uncertainty turns them into intervals (pipelines/segmentation.md, Intervals).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import typing
 import apache_beam as beam
 import numpy as np
 
-from evalbeam.schemas.hashing import uid_shards
+from evalbeam.schemas.hashing import fnv1a_64, uid_shards
 from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
 from evalbeam.schemas.mask_files import MaskFileError
 from evalbeam.schemas.rejections import reject
@@ -27,13 +32,17 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
                                     ReadFiles, ReadRowFile, RowsFromDicts, read_pcollections,
                                     reject_row, unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
-                                                      UnknownIds, code_table, label_ids,
-                                                      lookup_table, pixel_confusion,
+                                                      UnknownIds, code_table, datum_statistics,
+                                                      label_ids, lookup_table, pixel_confusion,
                                                       pixel_label_sets, state_records)
 from evalbeam.transforms.mask_files import read_array
 from evalbeam.transforms.merge import MergeStates, records_of
 
 TAG_LABELS = "labels"
+TAG_PRESENCE = "presence"
+REPLICATE_BATCH = 256   # datums weighed at a time per (model, slice) (MatchSegmentation)
+# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+INTERVAL_UNIT = "image"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -178,15 +187,23 @@ def check_label_count(n_labels: int, max_labels: int) -> None:
 class MatchSegmentation(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), SegmentationState) per model and slice, plus
     rejects and stats. Each datum's ground truth is decoded once and compared with each model's
-    prediction; a datum without a usable prediction counts as predicted "no label" everywhere."""
+    prediction; a datum without a usable prediction counts as predicted "no label" everywhere.
+
+    bootstrap (kernels.bootstrap.Bootstrap, None or 0 replicates: off): each state also gets
+    the replicates' weighted datum_statistics, the weights drawn from FNV-1a of the datum_uid.
+    presence (only with bootstrap and a compare_to model): tagged TAG_PRESENCE, per slice,
+    (slice JSON, ("groundtruths", uint64 hashes of the evaluated datums)) and (slice JSON,
+    (model, hashes of those with a usable prediction of the model))."""
 
     def __init__(self, models, slice_specs, config: SegmentationConfig, files: dict, quiet: bool,
-                 started: float):
+                 started: float, bootstrap=None, presence: bool = False):
         super().__init__(quiet, started)
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.config = config
         self.files = files
+        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
+        self.presence = presence and self.bootstrap is not None
 
     def _reject(self, source, row, reason: str):
         return reject_row(self.files, source, row, reason)
@@ -237,7 +254,19 @@ class MatchSegmentation(ProgressDoFn):
         truths, predictions = unique_by_source(self.files, pieces, self.models, outputs)
         evaluated = {source: 0 for source in [GROUNDTRUTHS, *self.models]}
         states: dict = {}
-        for uid in sorted(truths):
+        uids = sorted(truths)
+        hashes = weights = None
+        if self.bootstrap is not None and uids:
+            import pyarrow as pa
+
+            hashes = fnv1a_64(pa.array(uids, pa.string()))
+            weights = self.bootstrap.weights(hashes)
+        # with bootstrap: per (model, slice), the positions (in uids) and datum_statistics rows
+        # of datums not yet weighed; weighed REPLICATE_BATCH at a time, so the rows kept stay
+        # bounded (4K + 3 integers each) however many datums the shard holds
+        pending: dict = {}
+        present: dict = {}
+        for position, uid in enumerate(uids):
             row = truths[uid]
             try:
                 truth, truth_table, truth_codes = decode(row, codes, tables and tables[True], True,
@@ -252,20 +281,38 @@ class MatchSegmentation(ProgressDoFn):
             evaluated[GROUNDTRUTHS] += 1
             groups = ["{}"] + [canonical_json({k: json.loads(row.slices[k]) for k in spec})
                                for spec in self.slice_specs]
+            if self.presence:
+                for group in groups:
+                    present.setdefault((group, GROUNDTRUTHS), []).append(position)
             for model, matrix, declared, pred_row, problem in done:
                 if problem is not None:
                     outputs.append(self._reject(model, pred_row, problem))
                 elif pred_row is not None:
                     evaluated[model] += 1
+                    if self.presence:
+                        for group in groups:
+                            present.setdefault((group, model), []).append(position)
+                statistics = datum_statistics(matrix, declared) if self.bootstrap is not None else None
                 for group in groups:
                     state = states.get((model, group))
                     if state is None:
                         state = states[(model, group)] = SegmentationState.empty(K)
                     state.add_datum(matrix, declared)
+                    if statistics is not None:
+                        positions, rows = pending.setdefault((model, group), ([], []))
+                        positions.append(position)
+                        rows.append(statistics)
+                        if len(rows) >= REPLICATE_BATCH:
+                            state.add_replicates(weights[:, positions], np.stack(rows))
+                            del pending[(model, group)]
         for model in self.models:  # predictions whose datum has no usable ground truth
             for row in predictions[model].values():
                 outputs.append(self._reject(model, row, "no valid ground truth for this datum_uid"))
         yield from outputs
+        for key, (positions, rows) in pending.items():
+            states[key].add_replicates(weights[:, positions], np.stack(rows))
+        for (group, source), positions in sorted(present.items()):
+            yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (group, (source, hashes[positions])))
         for source in [GROUNDTRUTHS, *self.models]:
             n_rows = sum(len(rows) for name, rows in pieces if name == source)
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", source), evaluated[source]))
@@ -299,9 +346,12 @@ def vocabulary_problems(found: list) -> list:
     return label_problems({None: truth}, {model: {None: predicted} for model, _, predicted in found})
 
 
-def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started):
+def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started,
+              bootstrap=None, compare_to=None):
     """The shared tail: labels side input, match per shard, combine, records; and the run's
-    label findings (transforms.outputs.problem dicts)."""
+    label findings (transforms.outputs.problem dicts). Returns (metrics, rejected, stats,
+    problems, presence); presence is None unless bootstrapping with a compare_to model."""
+    presence = bootstrap is not None and bootstrap.enabled and compare_to is not None
     declared = sorted(set((config.label_names or {}).values()))
     labels = beam.pvalue.AsSingleton(
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
@@ -309,10 +359,11 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
         | "Labels" >> beam.CombineGlobally(LabelSet()))
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started),
+               | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started,
+                                                         bootstrap, presence),
                                        labels)
                .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
     combined = matched.partials | "Combine" >> beam.CombinePerKey(MergeStates())
     metrics = combined | "Records" >> beam.FlatMap(records_of, state_records, labels)
     problems = (combined
@@ -322,7 +373,7 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
                 | "LabelProblems" >> beam.FlatMap(vocabulary_problems))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-    return metrics, rejected, stats, problems
+    return metrics, rejected, stats, problems, (matched[TAG_PRESENCE] if presence else None)
 
 
 RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
@@ -336,7 +387,8 @@ def record_sort_key(record: dict):
 
 class EvaluateSegmentationFiles(beam.PTransform):
     """Segmentation row files (job.sources) -> Evaluated (transforms.evaluated); its problems
-    are the label findings."""
+    are the label findings. With job.bootstrap, the scalar records carry their replicates and,
+    with job.compare_to too, Evaluated.presence the datums of each side."""
 
     def __init__(self, config: SegmentationConfig, job):
         super().__init__()
@@ -350,9 +402,11 @@ class EvaluateSegmentationFiles(beam.PTransform):
             job.sources, ReadSegmentationFile(job.sources, slice_keys, job.num_shards, job.quiet,
                                               job.started, self.config.limits),
             (TAG_REJECTED, TAG_STATS, TAG_LABELS))
-        return Evaluated(*_evaluate(
+        metrics, rejected, stats, problems, presence = _evaluate(
             pbegin, read, list(job.models), list(job.slices), self.config,
-            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started))
+            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started,
+            job.bootstrap, job.compare_to)
+        return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 
 class EvaluateSegmentation(EvaluateRows):
@@ -361,13 +415,15 @@ class EvaluateSegmentation(EvaluateRows):
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
     in the README; relative mask URIs are relative to the working directory). Output: a
     PCollection of metric records; with with_diagnostics=True, (records, rejects, stats).
-    limits and max_labels bound what one row and the run may cost (schemas/limits.py)."""
+    limits and max_labels bound what one row and the run may cost (schemas/limits.py).
+    bootstrap (kernels.bootstrap.Bootstrap) and compare_to: intervals on the scalar records and
+    Comparison records, as --bootstrap and --compare_to (pipelines/segmentation.md, Intervals)."""
 
     def __init__(self, slices=(), label_names: dict | None = None, ignore_id: int | None = 255,
                  unlabeled_id: int | None = None, num_shards: int = 16, batch_size: int = 1000,
                  with_diagnostics: bool = False, limits: ImageLimits = ImageLimits(),
-                 max_labels: int = MAX_LABELS):
-        super().__init__(None, slices, num_shards, batch_size, with_diagnostics)
+                 max_labels: int = MAX_LABELS, bootstrap=None, compare_to: str | None = None):
+        super().__init__(None, slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to)
         self.label_names = label_names
         self.ignore_id = ignore_id
         self.unlabeled_id = unlabeled_id
@@ -381,6 +437,8 @@ class EvaluateSegmentation(EvaluateRows):
         pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
         config = SegmentationConfig(self.label_names, self.ignore_id, self.unlabeled_id,
                                     self.limits, self.max_labels)
-        metrics, rejected, stats, _ = _evaluate(pbegin, read, models, self.slices, config, {},
-                                                True, 0.0)
+        metrics, rejected, stats, _, presence = _evaluate(pbegin, read, models, self.slices, config,
+                                                          {}, True, 0.0, self.bootstrap,
+                                                          self.compare_to)
+        metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
         return (metrics, rejected, stats) if self.with_diagnostics else metrics

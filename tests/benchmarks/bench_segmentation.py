@@ -19,6 +19,11 @@ The script checks that mIOU, Accuracy and every IOU agree, and prints wall times
     python tests/benchmarks/bench_segmentation.py                  # 2,000 datums, 3 repeats
     python tests/benchmarks/bench_segmentation.py --n_datums 200 --repeats 1
     python tests/benchmarks/bench_segmentation.py --repeat_rows 5 --skip valor-lite,evalbeam
+    python tests/benchmarks/bench_segmentation.py --bootstrap 100 --skip "valor-lite;evalbeam, multi_processing, 1 worker;evalbeam, multi_processing, 2 workers"
+
+With --bootstrap R, one more side runs the in-process evalbeam with `--bootstrap R` on the same
+files; the script prints its time over the time without it and checks that the point values
+are the same.
 """
 
 from __future__ import annotations
@@ -195,10 +200,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n_datums", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join("/tmp", "evalbeam-bench", "segmentation"))
-    parser.add_argument("--skip", default="", help="comma-separated sides not to run")
+    parser.add_argument("--skip", default="", help='sides not to run, separated by commas, or by ";" '
+                                                   'when a name holds a comma')
     parser.add_argument("--repeat_rows", type=int, default=1, metavar="K",
                         help="evaluate every row K times (distinct uids, same PNG files): larger N "
                              "for the worker-scaling measurement")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R",
+                        help="also time evalbeam with --bootstrap R (in-process) and print the ratio")
     args = parser.parse_args(argv)
     data = scaled(ensure_dataset(args.workdir, args.n_datums), args.repeat_rows)
     load_at_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -210,7 +218,10 @@ def main(argv: list[str]) -> int:
             data, out, "--direct_running_mode multi_processing --direct_num_workers 2"),
         "valor-lite": lambda out: peer_command(data, out),
     }
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    booted = f"evalbeam, --bootstrap {args.bootstrap}"
+    if args.bootstrap:
+        sides[booted] = lambda out: evalbeam_command(data, out, f"--bootstrap {args.bootstrap}")
+    skip = {s.strip() for s in args.skip.split(";" if ";" in args.skip else ",") if s.strip()}
     runs: dict = {key: [] for key in sides if key not in skip}
     runs_dir = os.path.join(args.workdir, f"runs_n{data['n_datums']}")
     os.makedirs(runs_dir, exist_ok=True)
@@ -251,6 +262,12 @@ def main(argv: list[str]) -> int:
     one, two = "evalbeam, multi_processing, 1 worker", "evalbeam, multi_processing, 2 workers"
     if one in median and two in median:
         print(f"**2 workers vs 1: {median[one] / median[two]:.2f}x faster** (target >= 1.6)")
+    if args.bootstrap and "evalbeam" in median and booted in median:
+        print(f"**--bootstrap {args.bootstrap} / without: {median[booted] / median['evalbeam']:.2f}x**")
+        plain, with_intervals = runs["evalbeam"][-1]["headline"], runs[booted][-1]["headline"]
+        if plain != with_intervals:
+            print("!!! the point values differ with --bootstrap")
+            return 1
     if "evalbeam" in runs and "valor-lite" in runs:
         ours, theirs = runs["evalbeam"][-1]["headline"], runs["valor-lite"][-1]["headline"]
         diff = max(abs(ours[k] - theirs[k]) for k in theirs)

@@ -43,10 +43,15 @@ class SegmentationState:
     """The partial state of one (model, slice): matrix int64[K + 1, K + 1] (the pixel confusion
     matrix of the module docstring, summed over datums); declared bool[K]: labels named by a
     segment of an evaluated row (reported even without pixels, as Valor does). K is the run's
-    number of labels, the same in every state (codes are indices into the sorted label names)."""
+    number of labels, the same in every state (codes are indices into the sorted label names).
+
+    replicates: None (no bootstrap), or int64[R, 4K + 3], row r the weighted sum over datums of
+    their datum_statistics, each datum counted w(d, r) times (kernels.bootstrap): what the
+    scalar records of replicate r need, a fraction of the (K + 1)^2 matrix."""
 
     matrix: np.ndarray
     declared: np.ndarray
+    replicates: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n_labels: int) -> "SegmentationState":
@@ -58,13 +63,41 @@ class SegmentationState:
         self.matrix += matrix
         self.declared[declared] = True
 
+    def add_replicates(self, weights: np.ndarray, statistics: np.ndarray) -> None:
+        """Add datums to the replicates: weights [R, n] (Bootstrap.weights of the n datums),
+        statistics int64[n, 4K + 3] (their datum_statistics rows). One integer matrix product,
+        exact: a pixel count is below 2^33 and a weight at most 18."""
+        part = weights.astype(np.int64) @ statistics
+        self.replicates = part if self.replicates is None else self.replicates + part
+
     def merge(self, other: "SegmentationState") -> "SegmentationState":
         self.matrix = self.matrix + other.matrix
         self.declared = self.declared | other.declared
+        if other.replicates is not None:
+            self.replicates = (other.replicates.copy() if self.replicates is None
+                               else self.replicates + other.replicates)
         return self
 
     def copy(self) -> "SegmentationState":
-        return SegmentationState(self.matrix.copy(), self.declared.copy())
+        return SegmentationState(self.matrix.copy(), self.declared.copy(),
+                                 None if self.replicates is None else self.replicates.copy())
+
+
+def datum_statistics(matrix: np.ndarray, declared: list[int]) -> np.ndarray:
+    """int64[4K + 3] of one datum's [K + 1, K + 1] pixel_confusion matrix and its segments'
+    label codes: [tp (K), gt (K), pd (K), declared (K, 0/1), pixels with no label in both,
+    counted pixels, 1 (the datum)]. Additive over datums like the matrix; everything the scalar
+    records need (replicate_scalars), so a replicate does not keep a (K + 1)^2 matrix."""
+    K = matrix.shape[0] - 1
+    out = np.zeros(4 * K + 3, dtype=np.int64)
+    out[:K] = np.diagonal(matrix)[1:]
+    out[K:2 * K] = matrix[1:, :].sum(axis=1)
+    out[2 * K:3 * K] = matrix[:, 1:].sum(axis=0)
+    out[3 * K + np.asarray(declared, dtype=np.int64)] = 1
+    out[4 * K] = matrix[0, 0]
+    out[4 * K + 1] = matrix.sum()
+    out[4 * K + 2] = 1
+    return out
 
 
 class UnknownIds(Exception):
@@ -231,11 +264,79 @@ def segmentation_metrics(matrix: np.ndarray) -> dict:
     }
 
 
+def replicate_scalars(statistics: np.ndarray) -> list[dict | None]:
+    """The scalar metrics of each bootstrap replicate, from its summed datum_statistics
+    (int64[R, 4K + 3], SegmentationState.replicates): per replicate r, None when no datum has a
+    positive weight (the replicate's dataset holds no datum of this model and slice), else
+    {"Accuracy": float, "mIOU": float, "present": bool[K], "IOU", "Precision", "Recall", "F1":
+    float64[K]}, with the formulas of segmentation_metrics applied to the matrix of the dataset
+    in which each datum appears w(d, r) times: the same integer counts, the same float
+    operations in the same order, so the values are those of state_records on that dataset
+    (mIOU is the mean over the labels present in the replicate: declared by a datum of positive
+    weight, or with pixels on either side)."""
+    statistics = np.asarray(statistics, dtype=np.int64)
+    K = (statistics.shape[1] - 3) // 4
+    tp, gt, pd = statistics[:, :K], statistics[:, K:2 * K], statistics[:, 2 * K:3 * K]
+    declared = statistics[:, 3 * K:4 * K] > 0
+    both_unlabeled, total, datums = statistics[:, 4 * K], statistics[:, 4 * K + 1], statistics[:, 4 * K + 2]
+    precision, recall = _ratio(tp, pd), _ratio(tp, gt)
+    f1 = _ratio(2 * precision * recall, precision + recall)
+    iou = _ratio(tp, gt + pd - tp)
+    present = declared | ((gt + pd) > 0)
+    out: list[dict | None] = []
+    for r in range(statistics.shape[0]):   # R is small; each replicate keeps its own labels
+        if not datums[r]:
+            out.append(None)
+            continue
+        kept = iou[r, present[r]]
+        out.append({
+            "Accuracy": (int(tp[r].sum()) + int(both_unlabeled[r])) / int(total[r]) if total[r] else 0.0,
+            "mIOU": float(kept.mean()) if kept.size else 0.0,
+            "present": present[r], "IOU": iou[r], "Precision": precision[r], "Recall": recall[r],
+            "F1": f1[r]})
+    return out
+
+
+def attach_segmentation_replicates(records: list[dict], statistics: np.ndarray, keep: np.ndarray) -> list[dict]:
+    """Put kernels.bootstrap.REPLICATES on the scalar records of one state (Accuracy, mIOU, and
+    IOU / Precision / Recall / F1 of label code keep[i], in state_records' order): replicate r's
+    value, or None where the replicate has no datum or does not have the label."""
+    from evalbeam.transforms.kernels.bootstrap import REPLICATES
+
+    replicas = replicate_scalars(statistics)
+    label_index = 0
+    for record in records:
+        kind = record["type"]
+        if kind in ("Accuracy", "mIOU"):
+            record[REPLICATES] = [None if rep is None else float(rep[kind]) for rep in replicas]
+        elif kind in ("IOU", "Precision", "Recall", "F1"):
+            k = int(keep[label_index])
+            record[REPLICATES] = [None if rep is None or not rep["present"][k] else float(rep[kind][k])
+                                  for rep in replicas]
+            if kind == "F1":
+                label_index += 1
+    return records
+
+
 def state_records(state: SegmentationState, labels: list[str]):
     """Valor's records of one merged state for the labels present: those named by an evaluated
     segment or with pixels in the ground truth or a prediction. labels: the run's sorted label
     names (code k is labels[k]). Records are {"type", "value", "parameters"}: Accuracy, mIOU,
-    then IOU, Precision, Recall and F1 per label, then one ConfusionMatrix."""
+    then IOU, Precision, Recall and F1 per label, then one ConfusionMatrix. With replicates
+    (bootstrap), the scalar records also carry kernels.bootstrap.REPLICATES (no PROPORTION:
+    these are ratios of pixels, which are not independent draws; the unit is the image)."""
+    if state.replicates is not None:
+        records = list(_point_records(state, labels))
+        matrix = state.matrix
+        pixels = (matrix[1:, :].sum(axis=1) + matrix[:, 1:].sum(axis=0)) > 0
+        yield from attach_segmentation_replicates(records, state.replicates,
+                                                  np.flatnonzero(state.declared | pixels))
+        return
+    yield from _point_records(state, labels)
+
+
+def _point_records(state: SegmentationState, labels: list[str]):
+    """state_records without replicates: the point values."""
     matrix = state.matrix
     pixels = (matrix[1:, :].sum(axis=1) + matrix[:, 1:].sum(axis=0)) > 0
     keep = np.flatnonzero(state.declared | pixels)
