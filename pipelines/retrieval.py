@@ -139,7 +139,8 @@ SPEC = TaskSpec(
     input_help="TREC qrels / run files, or .jsonl rows",
     add_arguments=add_arguments, configure=configure, options=options,
     check_source=check_source, transforms="evalbeam.transforms.retrieval", summarize=summarize,
-    extra_outputs=extra_outputs, min_shards=MIN_SHARDS, known_formats=False)
+    extra_outputs=extra_outputs, min_shards=MIN_SHARDS, known_formats=False,
+    interval_unit="query")   # transforms.retrieval.INTERVAL_UNIT
 
 
 run = SPEC.run

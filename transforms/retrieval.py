@@ -15,6 +15,11 @@ Counts: the reader counts a file's rows read and the rows it rejects (unparsable
 qrels rows whose --slice metadata is not finite); the shard counts the rows it rejects as
 duplicates and the rows it keeps (rows_evaluated), so every row read is counted once.
 
+Intervals (--bootstrap R): each shard also weighs its queries' values by their Poisson bootstrap
+weights (kernels.bootstrap, keyed by FNV-1a of the query id) and keeps the R weighted sums exactly
+beside the point sums (kernels.retrieval.weighted_totals); the records carry the replicate means,
+and transforms.uncertainty turns them into intervals (pipelines/retrieval.md, Intervals).
+
 The same job on a user's PCollections of row dicts (EvaluateRetrieval): RetrievalRowsFromDicts
 checks the rows as JSONL rows are checked and cuts them into the same pieces, which then go
 through the same MatchRetrieval, MergeStates and records_of.
@@ -47,6 +52,9 @@ from evalbeam.transforms.merge import merged_records
 
 TAG_PER_QUERY = "per_query"
 TAG_COVERAGE = "coverage"
+TAG_PRESENCE = "presence"
+# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+INTERVAL_UNIT = "query"
 EXAMPLES = 3   # query ids quoted in a coverage problem
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
@@ -328,10 +336,17 @@ class MatchRetrieval(ProgressDoFn):
     before the run (read_slices), or None: then, with slice_specs, each query takes the values
     of its qrels rows in the shard (RetrievalRowsFromDicts' pieces carry them per row): rows of a
     PCollection have no order, so of a query's rows with a metadata object the one whose values
-    (canonical JSON, over the sorted slice keys) sort first gives them."""
+    (canonical JSON, over the sorted slice keys) sort first gives them.
+
+    bootstrap (kernels.bootstrap.Bootstrap; None or 0 replicates: off): the states also carry
+    the replicates' weighted sums, each query weighed by Bootstrap.weights of the FNV-1a hash of
+    its query id. presence (only with bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    ("groundtruths", uint64 hashes of the qrels' queries)) and (slice JSON, (model, hashes of
+    those queries that the model's run answers))."""
 
     def __init__(self, files: dict, models, config: RetrievalConfig, query_slices: dict | None,
-                 slice_specs, per_query_dir: str | None, quiet: bool, started: float):
+                 slice_specs, per_query_dir: str | None, quiet: bool, started: float,
+                 bootstrap=None, presence: bool = False):
         super().__init__(quiet, started)
         self.files = files
         self.models = models
@@ -339,6 +354,8 @@ class MatchRetrieval(ProgressDoFn):
         self.query_slices = query_slices
         self.slice_specs = [tuple(spec) for spec in slice_specs]
         self.per_query_dir = per_query_dir
+        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
+        self.presence = presence and self.bootstrap is not None
 
     def process(self, element):
         shard, pieces = element
@@ -371,6 +388,8 @@ class MatchRetrieval(ProgressDoFn):
                         TAG_COVERAGE, (model, coverage_of_unjudged(unique[model].query)))
             return
         rows = []
+        if self.presence:
+            yield from self._qrels_presence(qrels, query_slices or {})
         for model in self.models:
             run = unique.get(model)
             empty = pa.chunked_array([], pa.string())
@@ -379,10 +398,20 @@ class MatchRetrieval(ProgressDoFn):
             query_codes, values = evaluate(codes.qrels_query, codes.qrels_doc, qrels.relevance,
                                            codes.run_query, codes.run_doc,
                                            run.score if run else np.zeros(0), self.config)
-            query_ids = codes.query_ids.take(pa.array(query_codes, pa.int64())).to_pylist()
+            query_array = codes.query_ids.take(pa.array(query_codes, pa.int64()))
+            query_ids = query_array.to_pylist()
             groups = self._groups(query_ids, query_slices or {})
+            weights = hashes = None
+            if self.bootstrap is not None:
+                hashes = fnv1a_64(query_array)
+                weights = self.bootstrap.weights(hashes)
             for slice_json, index in groups.items():
-                yield (model, slice_json), RetrievalState().add_queries(values, index)
+                yield (model, slice_json), RetrievalState().add_queries(values, index, weights)
+            if self.presence:
+                answered = (np.bincount(codes.run_query, minlength=len(codes.query_ids)) > 0)[query_codes]
+                for slice_json, index in groups.items():
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_PRESENCE, (slice_json, (model, hashes[index[answered[index]]])))
             if self.per_query_dir is not None:
                 names = sorted(values)
                 for i, qid in enumerate(query_ids):
@@ -396,6 +425,16 @@ class MatchRetrieval(ProgressDoFn):
                                   f'{json.dumps(v)}}}\n' for q, m, v in rows).encode("utf-8"))
             yield beam.pvalue.TaggedOutput(TAG_PER_QUERY, (path, len(rows)))
         self.progress.say("evaluate", f"evaluated shard {shard}")
+
+    def _qrels_presence(self, qrels, query_slices: dict):
+        """TAG_PRESENCE of the shard's qrels queries, per slice (the datums of a comparison)."""
+        import pyarrow.compute as pc
+
+        distinct = pc.unique(qrels.query)
+        distinct = distinct.combine_chunks() if isinstance(distinct, pa.ChunkedArray) else distinct
+        hashes = fnv1a_64(distinct)
+        for slice_json, index in self._groups(distinct.to_pylist(), query_slices).items():
+            yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, hashes[index])))
 
     def _slices_of_rows(self, row_slices: list) -> dict:
         """query_slices from the qrels pieces' per-row values [(query ids, values per row)]."""
@@ -472,16 +511,20 @@ def per_spec(per_query: dict, slices) -> dict:
 
 
 def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_slices: dict | None,
-              slice_specs, per_query_dir: str | None, quiet: bool, started: float):
+              slice_specs, per_query_dir: str | None, quiet: bool, started: float,
+              bootstrap=None, presence: bool = False):
     """The pieces of `read` (main output "pieces", tagged rejects and stats) matched per shard,
     merged and turned into records: (metrics, rejects, stats, matched), matched holding the
-    coverage (TAG_COVERAGE) and per-query parts (TAG_PER_QUERY) of MatchRetrieval."""
+    coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with bootstrap and presence,
+    the queries of each side (TAG_PRESENCE) of MatchRetrieval."""
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchRetrieval(
-                   files, models, config, query_slices, slice_specs, per_query_dir, quiet, started))
+                   files, models, config, query_slices, slice_specs, per_query_dir, quiet, started,
+                   bootstrap, presence))
                .with_output_types(PARTIAL)
-               .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, main="partials"))
+               .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, TAG_PRESENCE,
+                             main="partials"))
     metrics = merged_records(matched.partials, state_records, config)
     rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
@@ -492,7 +535,9 @@ class EvaluateRetrievalFiles(beam.PTransform):
     """Qrels and run files (job.sources) -> Evaluated (transforms.evaluated). Its problems are
     the findings on the queries the runs share with the qrels (coverage_problems); with
     config.per_query, per_query.jsonl is written to job.temp("per_query.jsonl"). The --slice
-    values of each query are read from the qrels first (read_slices), while the graph is built."""
+    values of each query are read from the qrels first (read_slices), while the graph is built.
+    With job.bootstrap, the measure records carry their replicates (and the Hit records their
+    proportions); with job.compare_to too, Evaluated.presence holds the queries of each side."""
 
     def __init__(self, config: RetrievalConfig, job):
         super().__init__()
@@ -507,6 +552,9 @@ class EvaluateRetrievalFiles(beam.PTransform):
         self.per_query_path = job.temp("per_query.jsonl")
         self.quiet = job.quiet
         self.started = job.started
+        self.bootstrap = job.bootstrap
+        self.presence = (job.bootstrap is not None and job.bootstrap.enabled
+                         and job.compare_to is not None)
 
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(
@@ -515,7 +563,8 @@ class EvaluateRetrievalFiles(beam.PTransform):
             (TAG_REJECTED, TAG_STATS))
         metrics, rejects, stats, matched = _evaluate(
             read, {name: source.files for name, source in self.sources.items()}, self.models,
-            self.config, self.query_slices, self.slices, self.per_query_dir, self.quiet, self.started)
+            self.config, self.query_slices, self.slices, self.per_query_dir, self.quiet, self.started,
+            self.bootstrap, self.presence)
         problems = (matched[TAG_COVERAGE]
                     | "GatherCoverage" >> beam.combiners.ToList()
                     | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.config.complete))
@@ -525,7 +574,8 @@ class EvaluateRetrievalFiles(beam.PTransform):
                 matched[TAG_PER_QUERY]
                 | "GatherParts" >> beam.combiners.ToList()
                 | "MergePerQuery" >> beam.Map(merge_sorted_parts, self.per_query_path, "query_id"))
-        return Evaluated(metrics, rejects, stats, problems, extra)
+        return Evaluated(metrics, rejects, stats, problems, extra,
+                         presence=matched[TAG_PRESENCE] if self.presence else None)
 
 
 class EvaluateRetrieval(EvaluateRows):
@@ -538,17 +588,24 @@ class EvaluateRetrieval(EvaluateRows):
     rejects, stats). slices: tuples of metadata keys, as --slice. Not computed here: the
     coverage findings and per_query.jsonl (config.per_query is ignored). Rows have no order, so
     when a query's qrels rows disagree on their metadata, the values that sort first (as
-    canonical JSON) name its slices, where the command takes its first row's."""
+    canonical JSON) name its slices, where the command takes its first row's. bootstrap
+    (kernels.bootstrap.Bootstrap) and compare_to: intervals on the measure records and
+    Comparison records, as --bootstrap and --compare_to (pipelines/retrieval.md, Intervals)."""
 
     def __init__(self, config: RetrievalConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 1000, with_diagnostics: bool = False):
-        super().__init__(config or RetrievalConfig(), slices, num_shards, batch_size, with_diagnostics)
+                 batch_size: int = 1000, with_diagnostics: bool = False, bootstrap=None,
+                 compare_to: str | None = None):
+        super().__init__(config or RetrievalConfig(), slices, num_shards, batch_size, with_diagnostics,
+                         bootstrap, compare_to)
 
     def expand(self, pcolls):
         slice_keys = self.slice_keys
         reader = RetrievalRowsFromDicts(slice_keys, self.num_shards)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
                                          "EvaluateRetrieval")
-        metrics, rejects, stats, _ = _evaluate(read, {}, models, self.config, None, self.slices,
-                                               None, True, 0.0)
+        presence = self.bootstrap.enabled and self.compare_to is not None
+        metrics, rejects, stats, matched = _evaluate(read, {}, models, self.config, None, self.slices,
+                                                     None, True, 0.0, self.bootstrap, presence)
+        metrics = self.uncertain(metrics, matched[TAG_PRESENCE] if presence else None, None,
+                                 unit=INTERVAL_UNIT)
         return (metrics, rejects, stats) if self.with_diagnostics else metrics
