@@ -68,6 +68,10 @@ def configure(args):
                          "rows do not carry: use --protocol valor (exact polygon IoU) or COCO files")
     if args.score_bins is not None and args.score_bins < 1:
         raise UsageError("--score_bins takes a number >= 1")
+    if args.score_bins is not None and getattr(args, "bootstrap", 0):
+        raise UsageError("--score_bins and --bootstrap do not go together: the binned state keeps "
+                         "no replicates (its AP is already an interval, a lower and an upper "
+                         "bound); drop one of them")
     if not 1 <= args.max_image_pixels <= MAX_RLE_PIXELS:
         raise UsageError(f"--max_image_pixels must lie in [1, {MAX_RLE_PIXELS}] (pycocotools' "
                          f"RLE run lengths are 32-bit); got {args.max_image_pixels}")
@@ -178,7 +182,8 @@ SPEC = TaskSpec(
     input_help="a COCO instances .json with COCO results .json predictions, or native "
                ".jsonl/.parquet rows for both",
     add_arguments=add_arguments, configure=configure, options=options,
-    check_source=check_source, transforms="evalbeam.transforms.detection", summarize=summarize)
+    check_source=check_source, transforms="evalbeam.transforms.detection", summarize=summarize,
+    interval_unit="image")   # transforms.detection.INTERVAL_UNIT
 
 
 run = SPEC.run

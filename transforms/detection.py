@@ -39,6 +39,9 @@ from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pai
 from evalbeam.transforms.merge import merged_records
 
 TAG_CATEGORIES = "categories"
+TAG_PRESENCE = "presence"
+# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+INTERVAL_UNIT = "image"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -272,13 +275,25 @@ class LabelUnion(beam.CombineFn):
         return category_table(acc)
 
 
+def image_hashes(images: ImageRows) -> np.ndarray:
+    """uint64[I]: the datum hash of each image, FNV-1a 64 of its datum_uid (native rows: the
+    datum_uid; COCO files: the decimal image id, e.g. "139"). A bootstrap weight is drawn per
+    hash, so an image has the same weight in every shard, slice and model."""
+    return fnv1a_64(pa.array([str(u) for u in images.uid], pa.string()))
+
+
 def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.ndarray,
-                iou_type: str, area_from_bbox: bool, protocol: Protocol = COCO) -> CocoState:
+                iou_type: str, area_from_bbox: bool, protocol: Protocol = COCO,
+                bootstrap=None) -> CocoState:
     """CocoState of the given images (gts and dts must belong to them); with the valor protocol
     the tuple (CocoState, DetailedState, ConfusionState). MatchDetection wraps either in a
-    DetectionState."""
+    DetectionState. An enabled bootstrap (kernels.bootstrap.Bootstrap) adds the replicate parts
+    to the CocoState (image hashes of the rows, weighted ground-truth counts)."""
     order = np.argsort(images.image_id)
     image_id = images.image_id[order]
+    boot = {}
+    if bootstrap is not None and bootstrap.enabled:
+        boot = {"bootstrap": bootstrap, "image_hash": image_hashes(images)[order]}
     gt_image = np.searchsorted(image_id, gts.image_id)
     dt_image = np.searchsorted(image_id, dts.image_id)
     crowd = gts.crowd if protocol.name == "coco" else np.zeros_like(gts.crowd)
@@ -302,7 +317,7 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     dt_label = np.searchsorted(category_id, dts.category_id)
     result = coco_state(image_id, category_id.size, gt_image, gt_label, gts.value, crowd,
                         dt_image, dt_label, dts.value, dt_area, pair_iou,
-                        with_matches=protocol.detailed, **protocol.options)
+                        with_matches=protocol.detailed, **boot, **protocol.options)
     if not protocol.detailed:
         return result
     state, kept, matched_gt = result
@@ -405,10 +420,19 @@ def _are_shapes(*lists) -> bool:
 
 class MatchDetection(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), DetectionState) per model and slice; rejects
-    detections whose image or category the ground truth does not have."""
+    detections whose image or category the ground truth does not have.
 
-    def __init__(self, config: DetectionConfig, models, slice_specs, files, quiet, started):
+    config.bootstrap (enabled): each CocoState also carries its replicate parts (shard_state).
+    presence (only with config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    ("groundtruths", uint64 hashes of the slice's images)) and (slice JSON, (model, hashes of
+    those images with a prediction of the model: a valid native prediction row, or at least one
+    valid COCO detection)), for the paired comparisons' coverage counts."""
+
+    def __init__(self, config: DetectionConfig, models, slice_specs, files, quiet, started,
+                 presence: bool = False):
         super().__init__(quiet, started)
+        self.bootstrap = config.bootstrap if config.bootstrap is not None and config.bootstrap.enabled else None
+        self.presence = presence and self.bootstrap is not None
         self.protocol = config.protocol
         self.native = config.native
         self.models = models
@@ -455,10 +479,14 @@ class MatchDetection(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), images.image_id.size))
         groups = self._slice_groups(images) if images is not None else []
+        hashes = image_hashes(images) if self.presence and images is not None else None
+        if hashes is not None:
+            for slice_json, image_index in groups:
+                yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, hashes[image_index])))
         for model in self.models:
             parts = [p for source, p in pieces if source == model]
             if not parts:
-                dts = None
+                dts, predicted = None, np.zeros(0, np.int64)
             elif self.native:
                 area_from_bbox = True
                 dts = _concat_boxes([p[1] for p in parts])
@@ -475,6 +503,7 @@ class MatchDetection(ProgressDoFn):
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
                 dts = dts.take(np.flatnonzero(np.isin(dts.image_id, rows.image_id[ok])))
+                predicted = rows.image_id[ok]
             else:
                 area_from_bbox = parts[0][0]
                 dts = _concat_boxes([p[1] for p in parts])
@@ -492,16 +521,21 @@ class MatchDetection(ProgressDoFn):
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
                 dts = dts.take(np.flatnonzero(ok))
+                predicted = dts.image_id
             if images is None:
                 continue
             if dts is None:
                 dts, area_from_bbox = _empty_boxes(gts.segmentation is not None), True
             for slice_json, image_index in groups:
                 chosen = images.image_id[image_index]
+                if hashes is not None and predicted.size:
+                    with_prediction = image_index[np.isin(chosen, predicted)]
+                    yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (slice_json, (model, hashes[with_prediction])))
                 sub_gts = gts.take(np.flatnonzero(np.isin(gts.image_id, chosen)))
                 sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
                 parts = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
-                                    category_id, self.iou_type, area_from_bbox, self.protocol)
+                                    category_id, self.iou_type, area_from_bbox, self.protocol,
+                                    self.bootstrap)
                 state = DetectionState(*parts) if isinstance(parts, tuple) else DetectionState(parts)
                 if self.protocol.score_bins:
                     state = self.protocol.binned(state)
@@ -572,11 +606,16 @@ class EvaluateDetectionFiles(beam.PTransform):
 
     problems: the run's findings (transforms.outputs.problem dicts) on label vocabularies of
     native rows (label_findings); none for COCO files, whose detections of unknown categories
-    are rejected row by row."""
+    are rejected row by row. With job.bootstrap (replicates > 0) the scalar records carry
+    their replicates ("_replicates"; per field for the COCO summaries) and, with job.compare_to
+    too, Evaluated.presence the images of each side."""
 
     def __init__(self, config: DetectionConfig, job):
         super().__init__()
-        self.config = config
+        bootstrap = getattr(job, "bootstrap", None)
+        self.config = config._replace(
+            bootstrap=bootstrap if bootstrap is not None and bootstrap.enabled else None)
+        self.compare_to = getattr(job, "compare_to", None)
         self.native = config.native
         self.sources = job.sources
         self.models = list(job.models)
@@ -604,24 +643,29 @@ class EvaluateDetectionFiles(beam.PTransform):
         else:  # the categories of the instances file
             categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
             problems = pbegin | "NoFindings" >> beam.Create([])
-        metrics, rejected, stats = _evaluate(
+        metrics, rejected, stats, presence = _evaluate(
             read, categories, self.config, self.models, self.slices,
-            {n: s.files for n, s in self.sources.items()}, self.quiet, self.started)
-        return Evaluated(metrics, rejected, stats, problems)
+            {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
+            self.compare_to)
+        return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 
-def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started):
-    """The shared tail: match per shard, merge the states per (model, slice), records."""
+def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started,
+              compare_to=None):
+    """The shared tail: match per shard, merge the states per (model, slice), records. Returns
+    (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
+    there is a compare_to model."""
+    presence = config.bootstrap is not None and compare_to is not None
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started),
-                                       categories)
+               | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started,
+                                                      presence), categories)
                .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
     metrics = merged_records(matched.partials, state_records, categories, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
-    return metrics, rejected, stats
+    return metrics, rejected, stats, (matched[TAG_PRESENCE] if presence else None)
 
 
 class EvaluateDetection(EvaluateRows):
@@ -630,13 +674,18 @@ class EvaluateDetection(EvaluateRows):
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (native
     rows as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
     (records, rejects, stats). protocol: a Protocol (default Valor's, with its default
-    thresholds); iou_type "bbox" or "segm" (polygons and rasters)."""
+    thresholds); iou_type "bbox" or "segm" (polygons and rasters); bootstrap, compare_to: as
+    transforms.evaluated.EvaluateRows (intervals per image)."""
 
     def __init__(self, iou_type: str = "bbox", protocol: Protocol = VALOR, slices=(),
-                 num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False):
+                 num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False,
+                 bootstrap=None, compare_to: str | None = None):
         if iou_type == "segm" and protocol.name == "coco":
             raise ValueError("native segm rows need the valor protocol (no image sizes to rasterise)")
-        super().__init__(None, slices, num_shards, batch_size, with_diagnostics)
+        super().__init__(None, slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to)
+        if protocol.score_bins and self.bootstrap.enabled:
+            raise ValueError("score_bins and bootstrap do not go together: the binned state keeps no "
+                             "replicates")
         self.iou_type = iou_type
         self.protocol = protocol
 
@@ -646,7 +695,9 @@ class EvaluateDetection(EvaluateRows):
                                          "EvaluateDetection")
         categories = beam.pvalue.AsSingleton(
             read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
-        config = DetectionConfig(self.iou_type, self.protocol, native=True)
-        metrics, rejected, stats = _evaluate(read, categories, config, models, self.slices, {},
-                                             True, 0.0)
+        config = DetectionConfig(self.iou_type, self.protocol, native=True,
+                                 bootstrap=self.bootstrap if self.bootstrap.enabled else None)
+        metrics, rejected, stats, presence = _evaluate(read, categories, config, models, self.slices,
+                                                       {}, True, 0.0, self.compare_to)
+        metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
         return (metrics, rejected, stats) if self.with_diagnostics else metrics

@@ -9,6 +9,8 @@ This is a standalone timing script, not a test. Run it from the repository root,
     python tests/benchmarks/bench_detection.py --skip pycocotools \\
         --beam_args "--direct_running_mode multi_processing --direct_num_workers 2"
     python tests/benchmarks/bench_detection.py --scaling --repeats 1  # evalbeam, 5,000 vs 50,000 images
+    python tests/benchmarks/bench_detection.py --bootstrap 100        # evalbeam with and without
+                                                                      # --bootstrap 100 (issue 16)
 
 What is measured
 ----------------
@@ -58,6 +60,11 @@ difference, and every stat); a difference is printed loudly but does not fail th
 Targets printed against: at 5,000 images evalbeam's wall time <= 1.0x faster-coco-eval's; with
 --scaling (evalbeam only, 5,000 and 50,000 images): 50,000 images in <= 10x the 5,000-image time,
 with peak memory (process tree) <= 4 GB.
+
+--bootstrap R (evalbeam only): the same evalbeam command without and with `--bootstrap R`
+(intervals on every statistic, per image), repeats interleaved; prints the ratio of the median
+wall times against the target (at 5,000 images and R = 100: <= 4x) and checks that the point
+statistics are identical.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ TARGET_RATIO_FCE = 1.0
 SCALING_SIZES = (5000, 50_000)
 TARGET_SCALING_RATIO = 10.0
 TARGET_MEMORY_MB = 4096
+TARGET_BOOTSTRAP_RATIO = 4.0
 AGREEMENT_TOLERANCE = 1e-9
 LOAD_AT_START = "unknown"
 
@@ -392,6 +400,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="evalbeam only, at 5,000 and 50,000 images; print the time ratio")
     parser.add_argument("--scaling_sizes", default=",".join(map(str, SCALING_SIZES)),
                         help="the two sizes of --scaling (default %(default)s)")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R",
+                        help="evalbeam only: time it without and with --bootstrap R and print the "
+                             "ratio (target at 5,000 images, R = 100: <= 4x)")
     args = parser.parse_args(argv)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     unknown = args.skip - set(SIDES)
@@ -484,6 +495,42 @@ def main_scaling(args) -> int:
     return 1 if failed else 0
 
 
+def main_bootstrap(args) -> int:
+    """evalbeam without and with --bootstrap R on the same files, interleaved."""
+    paths, stats = ensure_dataset(args.workdir, args.n_images, args.iou_type == "segm")
+    gt, dt = paths["groundtruths"], predictions_path(paths, args.iou_type)
+    with_key = f"evalbeam --bootstrap {args.bootstrap}"
+    plan = [("evalbeam", lambda out: evalbeam_command(gt, dt, args.iou_type, out, args.beam_args,
+                                                      args.evalbeam_cmd)),
+            (with_key, lambda out: evalbeam_command(
+                gt, dt, args.iou_type, out, f"{args.beam_args} --bootstrap {args.bootstrap}",
+                args.evalbeam_cmd))]
+    runs, failed = run_sides(plan, args.repeats, os.path.join(
+        args.workdir, f"runs_n{args.n_images}_{args.iou_type}_bootstrap{args.bootstrap}"), args.iou_type)
+    sides = {name: summarize(r, args.n_images, stats.get("detections", 0)) for name, r in runs.items() if r}
+    print("\n### Machine\n")
+    print("\n".join(machine_info()))
+    print(f"\n### Detection ({args.iou_type}) with --bootstrap {args.bootstrap}, {args.n_images:,} "
+          f"images, median of {args.repeats} run(s)\n")
+    print("\n".join(data_lines(stats)) + "\n")
+    if sides:
+        print_table(sides)
+    if len(sides) == 2:
+        ratio = sides[with_key]["wall_s"] / sides["evalbeam"]["wall_s"]
+        target = (f"target at {TARGET_N_IMAGES:,} images and R = 100 <= {TARGET_BOOTSTRAP_RATIO:g}x: "
+                  + ("met" if ratio <= TARGET_BOOTSTRAP_RATIO else "NOT met")
+                  if args.n_images == TARGET_N_IMAGES and args.bootstrap == 100
+                  else f"(the target is for {TARGET_N_IMAGES:,} images and R = 100)")
+        print(f"\n**evalbeam with / without --bootstrap {args.bootstrap}: {ratio:.2f}x wall time**; {target}")
+        same = sides[with_key]["summary"] == sides["evalbeam"]["summary"]
+        print(f"point statistics identical with and without bootstrap: {'yes' if same else '!!! NO !!!'}")
+        if not same:
+            failed["agreement"] = "the point statistics differ"
+    for name, why in failed.items():
+        print(f"\n!!! {name} FAILED: {why}")
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--_peer"]:
         peer_main(argv[1:])
@@ -492,6 +539,8 @@ def main(argv: list[str]) -> int:
     global LOAD_AT_START
     LOAD_AT_START = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     os.makedirs(args.workdir, exist_ok=True)
+    if args.bootstrap:
+        return main_bootstrap(args)
     return main_scaling(args) if args.scaling else main_compare(args)
 
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.transforms.kernels.bootstrap import REPLICATES, attach_replicates, record_identity
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
@@ -97,7 +98,13 @@ class CocoState:
     (position in its image and category), tp and fp uint16[n, A] (bit t set: true / false
     positive at IoU threshold t in that area range; neither bit: ignored). n_gt int64[K, A]:
     non-ignored ground truths. Merging concatenates rows and adds counts; the order of rows is
-    irrelevant because accumulate() sorts them by a total key."""
+    irrelevant because accumulate() sorts them by a total key.
+
+    Bootstrap (both None when off): image_hash uint64[n], the datum hash (FNV-1a 64 of the
+    image's datum_uid) of each row, from which accumulate_replicates draws the row's weight in
+    every replicate; n_gt_replicates int64[R, K, A], the non-ignored ground truths of replicate
+    r, each counted as many times as its image's weight. Both merge like the point parts
+    (concatenation, integer sums)."""
 
     n_categories: int
     n_gt: np.ndarray
@@ -107,18 +114,28 @@ class CocoState:
     rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     tp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
     fp: np.ndarray = field(default_factory=lambda: np.zeros((0, len(AREA_RANGES)), np.uint16))
+    image_hash: np.ndarray | None = None
+    n_gt_replicates: np.ndarray | None = None
 
     def merge(self, other: "CocoState") -> "CocoState":
         if other.n_categories != self.n_categories:
             raise ValueError("cannot merge states built on different category lists")
+        if (self.image_hash is None) != (other.image_hash is None):
+            raise ValueError("cannot merge a bootstrapped state with one that is not")
         self.n_gt = self.n_gt + other.n_gt
         for name in ("category", "score", "image_key", "rank", "tp", "fp"):
             setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+        if self.image_hash is not None:
+            if other.n_gt_replicates.shape != self.n_gt_replicates.shape:
+                raise ValueError("cannot merge states with different numbers of replicates")
+            self.image_hash = np.concatenate([self.image_hash, other.image_hash])
+            self.n_gt_replicates = self.n_gt_replicates + other.n_gt_replicates
         return self
 
     def copy(self) -> "CocoState":
         return CocoState(self.n_categories, self.n_gt.copy(), self.category, self.score,
-                         self.image_key, self.rank, self.tp, self.fp)
+                         self.image_key, self.rank, self.tp, self.fp, self.image_hash,
+                         None if self.n_gt_replicates is None else self.n_gt_replicates.copy())
 
 
 def _bits(flags: np.ndarray) -> np.ndarray:
@@ -145,7 +162,8 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
                gt_group: np.ndarray, gt_area: np.ndarray, gt_crowd: np.ndarray,
                pair_iou, n_categories: int, thresholds: np.ndarray = IOU_THRESHOLDS,
                max_det: int | None = MAX_DETS[-1],
-               area_ranges: tuple = AREA_RANGES, with_matches: bool = False):
+               area_ranges: tuple = AREA_RANGES, with_matches: bool = False,
+               group_image_hash: np.ndarray | None = None, bootstrap=None):
     """Partial COCO state of a set of groups (one per image and category), columnar.
 
     group_category int[n_groups], group_image_key int64[n_groups]; detections dt_* [N] and
@@ -154,6 +172,9 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
     max_det None keeps every detection; area_ranges are [lo, hi] pairs (COCO's four by default).
     with_matches also returns kept int64[n] (the detections kept, state row order) and
     matched_gt int64[n, A, T] (the ground truth each one took, -1 when none).
+    bootstrap (a kernels.bootstrap.Bootstrap, enabled) with group_image_hash uint64[n_groups],
+    the datum hash of each group's image: the state also carries the rows' image hashes and the
+    replicates' weighted ground-truth counts (CocoState). Matching itself is the same.
     """
     T, A = thresholds.size, len(area_ranges)
     lo = np.array([r[0] for r in area_ranges])
@@ -246,7 +267,37 @@ def coco_match(group_category: np.ndarray, group_image_key: np.ndarray,
     state = CocoState(n_categories, n_gt, group_category[grp].astype(np.int32),
                       dt_score[kept].astype(np.float64), group_image_key[grp].astype(np.int64),
                       rank.astype(np.int32), tp, fp)
+    if bootstrap is not None and bootstrap.enabled:
+        hashes = np.asarray(group_image_hash, dtype=np.uint64)
+        state.image_hash = hashes[grp]
+        state.n_gt_replicates = weighted_gt_counts(
+            bootstrap.weights(hashes), gt_group, group_category, gt_ignore, n_categories)
     return (state, kept, matched_gt) if with_matches else state
+
+
+def weighted_gt_counts(group_weights: np.ndarray, gt_group: np.ndarray, group_category: np.ndarray,
+                       gt_ignore: np.ndarray, n_categories: int) -> np.ndarray:
+    """int64[R, K, A]: per replicate, category and area range, the non-ignored ground truths,
+    each counted w times, w = group_weights[r, its group] (its image's weight).
+
+    group_weights uint8[R, n_groups]; gt_group int[M]; group_category int[n_groups]; gt_ignore
+    bool[M, A]. Exact integer sums: the ground truths are sorted by category once and each
+    category's weights summed with np.add.reduceat (int64)."""
+    R, A = group_weights.shape[0], gt_ignore.shape[1]
+    out = np.zeros((R, n_categories, A), dtype=np.int64)
+    if not gt_group.size or not R:
+        return out
+    category = group_category[gt_group]
+    order = np.argsort(category, kind="stable")
+    weights = group_weights[:, gt_group[order]].astype(np.int64)              # [R, M]
+    for a in range(A):
+        keep = ~gt_ignore[order, a]
+        if not keep.any():
+            continue
+        cats = category[order][keep]
+        present, first = np.unique(cats, return_index=True)
+        out[:, present, a] = np.add.reduceat(weights[:, keep], first, axis=1)
+    return out
 
 
 def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarray):
@@ -370,17 +421,312 @@ def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray 
     return dict(zip(SUMMARY_NAMES, values))
 
 
+
+# ----------------------------------------------------------------------------- bootstrap
+
+def replicate_row_weights(state: CocoState, bootstrap) -> np.ndarray:
+    """uint8[R, n]: each row's weight in each replicate, its image's Poisson weight (drawn once
+    per distinct image hash, so the cost is R x images, not R x rows)."""
+    unique, inverse = np.unique(state.image_hash, return_inverse=True)
+    return bootstrap.weights(unique)[:, inverse]
+
+
+def _recall_index(n_gt: np.ndarray, recall_thresholds: np.ndarray) -> np.ndarray:
+    """int64[S, Q]: for each sequence s with n_gt[s] > 0 ground truths and recall threshold q,
+    the number of true-positive points k >= 1 whose recall k / n_gt[s] (a float division, as
+    pycocotools computes it) is below the threshold: np.searchsorted(rc, q, side="left") on
+    rc = [1, 2, ...] / n_gt without building rc. The count lies within 4 of floor(q n_gt) - 2,
+    so four float comparisons settle it exactly."""
+    npig = np.maximum(n_gt, 1).astype(np.float64)[:, None]    # 0: never read (no ground truth)
+    base = np.maximum(np.floor(recall_thresholds[None, :] * npig).astype(np.int64) - 2, 0)
+    index = base.copy()
+    for d in range(1, 5):
+        index += ((base + d) / npig < recall_thresholds[None, :])
+    return index
+
+
+def accumulate_replicates(state: CocoState, bootstrap, thresholds: np.ndarray = IOU_THRESHOLDS,
+                          recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
+                          max_dets: tuple = MAX_DETS, chunk_points: int = 1 << 22,
+                          precision_at: tuple | None = None, full: bool = False):
+    """The replicates of accumulate(), reduced to what the summaries read.
+
+    Replicate r is the dataset in which every image appears w times (w = its weight in r), the
+    copies of an image ordered right after it (pycocotools: image ids i*N + c). Returns
+    precision_sum float64[R, K, A, M, T] (the sum over the recall thresholds of the
+    interpolated precision, 0 where nothing is read), recall float64[R, K, A, M, T] and valid
+    bool[R, K, A] (the replicate has non-ignored ground truth there; where not, pycocotools'
+    arrays hold -1). precision_at: the max_dets indices whose precision is computed (None: all;
+    summarize() reads precision at maxDets 100 only, recall at all three; precision_sum is 0
+    elsewhere). full=True also returns, fourth, every replicate's precision array in
+    accumulate()'s shape, float64[R, T, Q, K, A, M] (for tests on small data).
+
+    How a replicate is computed without copying rows. Rows are sorted as accumulate() sorts
+    them (score descending, image, rank). A tie block is a maximal run of rows of one image with
+    one score; in the replicate its w copies follow each other (copy 0 of every row, then copy
+    1, ...), other blocks keep their place. So a true positive row j of block B, copy c, is the
+    true-positive point number P = TP(before B) + c tp(B) + tp(B before j) (0-based), with
+    FP(before B) + c fp(B) + fp(B before j) false positives before it, where TP/FP(before B)
+    sum the weights of the true/false-positive rows before B and tp(B), fp(B) count one copy
+    of B. Its precision is (P + 1) / (fp + P + 1 + eps), pycocotools' formula on the same
+    integers, so every value is bit for bit the one pycocotools computes on the duplicated
+    dataset. Recall threshold q reads the running maximum from the right at point
+    _recall_index; that maximum is np.maximum.reduceat over the intervals between consecutive
+    read points, then a running maximum over those intervals. Where a block has no false
+    positive at a threshold, a row's copies gain precision copy after copy (true positives grow,
+    false positives stay), so only its last copy can be a running maximum: it alone is computed,
+    the positions of its other copies hold -1, which no maximum reads.
+
+    Cost: the weighted sums before each block are segment sums (np.add.reduceat) of the rows'
+    uint8 weights between consecutive blocks holding a true positive, O(R x rows) per category
+    and max_dets (rows that are false positives at every IoU threshold of the area ranges they
+    fall in, most rows, are summed once for all area ranges) plus O(R x rows with a match x T)
+    for the others; then O(R x true positives) points, in chunks of replicates of at most
+    chunk_points points. Recall needs only the weighted true-positive counts, one matrix
+    product per category and max_dets. No Python loop over rows, points or replicates.
+    """
+    T, Q, K = thresholds.size, recall_thresholds.size, state.n_categories
+    A, M = state.tp.shape[1], len(max_dets)
+    npig_all = state.n_gt_replicates                                          # [R, K, A]
+    R = npig_all.shape[0]
+    precision_sum = np.zeros((R, K, A, M, T))
+    recall = -np.ones((R, K, A, M, T))
+    valid = npig_all > 0
+    table = -np.ones((R, T, Q, K, A, M)) if full else None
+    weights = replicate_row_weights(state, bootstrap) if state.score.size else np.zeros((R, 0), np.uint8)
+    order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
+    category = state.category[order]
+    bounds = np.searchsorted(category, np.arange(K + 1))
+    every = np.uint16((1 << T) - 1)
+    precision_at = range(M) if precision_at is None or full else precision_at
+    for k in range(K):
+        areas = np.flatnonzero(valid[:, k, :].any(axis=0))
+        if not areas.size:
+            continue
+        rows_k = order[bounds[k]:bounds[k + 1]]
+        reads = {a: _recall_index(npig_all[:, k, a], recall_thresholds) for a in areas}
+        for m, max_det in enumerate(max_dets):
+            kept = rows_k if max_det is None else rows_k[state.rank[rows_k] < max_det]
+            nd = kept.size
+            for a in areas:
+                ok = np.flatnonzero(valid[:, k, a])
+                recall[ok, k, a, m, :] = 0.0
+                if full:
+                    table[ok, :, :, k, a, m] = 0.0
+            if not nd:
+                continue
+            tp_bits, fp_bits = state.tp[kept], state.fp[kept]                # [nd, A]
+            matched = (tp_bits[:, areas] != 0).any(axis=1)
+            if not matched.any():                  # no true positive: recall 0, precision 0
+                continue
+            # recall: weighted true positives / weighted ground truths (exact: float64 sums of
+            # small integers)
+            hit = np.flatnonzero(matched)
+            hits = weights[:, kept[hit]].astype(np.float64) @ _unbits(
+                tp_bits[hit][:, areas], T).reshape(hit.size, -1).astype(np.float64)
+            hits = hits.reshape(R, areas.size, T)
+            for i, a in enumerate(areas):
+                ok = np.flatnonzero(valid[:, k, a])
+                recall[ok, k, a, m, :] = hits[ok, i, :] / npig_all[ok, k, a][:, None].astype(np.float64)
+            if m not in precision_at:
+                continue
+            # tie blocks: runs of one image and one score (rows are sorted by score, image)
+            score, image = state.score[kept], state.image_key[kept]
+            new_block = np.r_[True, (score[1:] != score[:-1]) | (image[1:] != image[:-1])]
+            block = np.cumsum(new_block) - 1
+            starts = np.flatnonzero(new_block)
+            block_start = starts[block]
+            block_end = np.r_[starts[1:], nd][block]
+            # the blocks whose weighted counts are read: those holding a true positive
+            queries = np.unique(block_start[matched])
+            w_rows = weights[:, kept]                                             # [R, nd]
+            # rows without a true positive whose false-positive bits are all set or all clear in
+            # every area range: their sums serve every threshold, summed once per pattern
+            uniform = ((tp_bits == 0) & ((fp_bits == every) | (fp_bits == 0))).all(axis=1)
+            pattern = ((fp_bits == every) << np.arange(A, dtype=np.int64)).sum(axis=1)
+            fp_uniform = {a: np.zeros((R, queries.size), np.int64) for a in areas}
+            for p in np.unique(pattern[uniform]):
+                if p == 0:
+                    continue
+                before = _prefix_at(w_rows, np.flatnonzero(uniform & (pattern == p)), queries)
+                for a in areas:
+                    if p >> a & 1:
+                        fp_uniform[a] += before
+            for a in areas:
+                _replicate_sequences(
+                    _unbits(tp_bits[:, a], T), _unbits(fp_bits[:, a], T), w_rows, ~uniform,
+                    block_start, block_end, queries, fp_uniform[a], npig_all[:, k, a], reads[a],
+                    chunk_points, precision_sum[:, k, a, m, :],
+                    None if table is None else table[:, :, :, k, a, m])
+    if full:
+        return precision_sum, recall, valid, table
+    return precision_sum, recall, valid
+
+
+def _prefix_at(w: np.ndarray, rows: np.ndarray, queries: np.ndarray, extra=None) -> np.ndarray:
+    """int64[R, n_queries] (or [R, n_queries, X] with extra bool[len(rows), X]): the sum of
+    w[:, i] (times extra[i] per column) over the rows i (sorted) with i < query, for sorted
+    queries. Segment sums between consecutive queries (np.add.reduceat), then a running sum over
+    the segments: the rows are read once."""
+    R = w.shape[0]
+    shape = (R, queries.size) + (() if extra is None else (extra.shape[1],))
+    if not rows.size or not queries.size:
+        return np.zeros(shape, np.int64)
+    n_before = np.searchsorted(rows, queries)                    # rows before each query
+    cuts = np.unique(np.r_[0, n_before[n_before < rows.size]])
+    values = w[:, rows]
+    if extra is not None:
+        values = values[:, :, None] * extra[None].astype(np.uint8)
+    sums = np.add.reduceat(values, cuts, axis=1, dtype=np.int64)
+    prefix = np.concatenate([np.zeros((R, 1) + shape[2:], np.int64), np.cumsum(sums, axis=1)], axis=1)
+    return prefix[:, np.searchsorted(cuts, n_before)]
+
+
+def _replicate_sequences(is_tp, is_fp, w_rows, summed, block_start, block_end, queries, fp_uniform,
+                         npig, reads, chunk_points, out_sum, out_table=None):
+    """One category, area range and max_dets: the T IoU-threshold sequences of every replicate
+    (accumulate_replicates). is_tp, is_fp bool[nd, T] in sorted row order; w_rows uint8[R, nd];
+    summed bool[nd]: the rows whose weighted false positives are summed here (fp_uniform
+    int64[R, Q'] holds the others' before each of the sorted block starts `queries`);
+    block_start, block_end int[nd] (each row's tie block, [start, end)); npig int64[R]; reads
+    int64[R, Q] (_recall_index). Writes out_sum[R, T], the sum of the read precisions, where
+    npig > 0 (and out_table[R, T, Q], the interpolated precisions, when given).
+
+    Entries are the (threshold t, true-positive row j) pairs, sequence-major. The weighted true
+    positives before j's block are a running sum of the entries' weights within t's sequence
+    (the true positives of the block before j are the u entries just before it); the weighted
+    false positives before it are a running sum over the summed rows' false-positive entries,
+    plus fp_uniform."""
+    nd, T = is_tp.shape
+    live = np.flatnonzero(npig > 0)
+    t, j = np.nonzero(is_tp.T)                           # true-positive rows, sequence-major
+    if not live.size or not j.size:
+        return
+    E = j.size
+    # one copy of each block: true / false positives before each row and in its block
+    tp_prefix = _exclusive_cumsum(is_tp, axis=0)                              # [nd + 1, T]
+    fp_prefix = _exclusive_cumsum(is_fp, axis=0)
+    bs, be = block_start[j], block_end[j]
+    u = tp_prefix[j, t] - tp_prefix[bs, t]
+    tp_block = tp_prefix[be, t] - tp_prefix[bs, t]
+    fp_within = fp_prefix[j, t] - fp_prefix[bs, t]
+    fp_block = fp_prefix[be, t] - fp_prefix[bs, t]
+    t_first = np.searchsorted(t, np.arange(T + 1))
+    # weighted true positives before each entry's block
+    w_entry = w_rows[:, j]                                                    # uint8[R, E]
+    running = _exclusive_cumsum(w_entry, axis=1, dtype=np.int32)              # [R, E + 1]
+    entry = np.arange(E)
+    tp_before = (running[:, entry - u] - running[:, t_first[t]]).astype(np.int64)
+    # weighted false positives before it: the summed rows' false-positive entries, by threshold
+    f_t, f_row = np.nonzero(is_fp.T & summed[None, :])
+    f_key = f_t.astype(np.int64) * nd + f_row
+    f_running = _exclusive_cumsum(w_rows[:, f_row], axis=1, dtype=np.int32)   # [R, F + 1]
+    f_at = np.searchsorted(f_key, t.astype(np.int64) * nd + bs)
+    f_from = np.searchsorted(f_key, t.astype(np.int64) * nd)
+    f_before = f_running[:, f_at] - f_running[:, f_from]
+    fp_before = (f_before + fp_uniform[:, np.searchsorted(queries, bs)] + fp_within).astype(np.int64)
+    simple = fp_block == 0       # only the last copy counts (accumulate_replicates)
+    mixed = np.flatnonzero(~simple)
+    n_seq = np.zeros((w_entry.shape[0], T), dtype=np.int64)
+    has_t = t_first[1:] > t_first[:-1]
+    n_seq[:, has_t] = np.add.reduceat(w_entry, t_first[:-1][has_t], axis=1, dtype=np.int64)
+    step = max(1, int(chunk_points // E))
+    for first in range(0, live.size, step):
+        reps = live[first:first + step]
+        n_rep = reps.size
+        w = w_entry[reps].astype(np.int64)                                    # [r, E]
+        per_seq = n_seq[reps]                                                 # [r, T]
+        seq_start = np.r_[0, np.cumsum(per_seq)[:-1]].reshape(n_rep, T)
+        ordered = np.full(int(per_seq.sum()), -1.0)
+        start = seq_start[:, t]                                               # [r, E]
+        last = tp_before[reps] + (w - 1) * tp_block + u
+        tp_count = (last + 1).astype(np.float64)
+        value = tp_count / (fp_before[reps].astype(np.float64) + tp_count + np.spacing(1))
+        keep = (w > 0) & simple
+        ordered[(start + last)[keep]] = value[keep]
+        if mixed.size:
+            wm = w[:, mixed].ravel()
+            pair = np.repeat(np.arange(wm.size), wm)
+            c = np.arange(pair.size) - np.repeat(np.cumsum(wm) - wm, wm)
+            r_i, e = pair // mixed.size, mixed[pair % mixed.size]
+            position = tp_before[reps[r_i], e] + c * tp_block[e] + u[e]
+            tp_count = (position + 1).astype(np.float64)
+            false_pos = (fp_before[reps[r_i], e] + c * fp_block[e]).astype(np.float64)
+            ordered[start[r_i, e] + position] = tp_count / (false_pos + tp_count + np.spacing(1))
+        read = np.repeat(reads[reps], T, axis=0)                                  # [r*T, Q]
+        ok = read < per_seq.ravel()[:, None]
+        total = np.zeros(n_rep * T)
+        if ok.any():
+            highest = np.maximum.reduceat(ordered, (seq_start.ravel()[:, None] + read)[ok])
+            grid = np.full(ok.shape, -1.0)
+            grid[ok] = highest
+            envelope = np.where(ok, np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1], 0.0)
+            total = envelope.sum(axis=1)
+            if out_table is not None:
+                out_table[reps] = envelope.reshape(n_rep, T, -1)
+        out_sum[reps] = total.reshape(n_rep, T)
+
+
+def _exclusive_cumsum(x: np.ndarray, axis: int, dtype=np.int64) -> np.ndarray:
+    """Cumulative sum along axis with a 0 in front."""
+    shape = list(x.shape)
+    shape[axis] = 1
+    return np.concatenate([np.zeros(shape, dtype), np.cumsum(x, axis=axis, dtype=dtype)], axis=axis)
+
+
+def summarize_replicates(precision_sum: np.ndarray, recall: np.ndarray, valid: np.ndarray,
+                         n_recall: int = RECALL_THRESHOLDS.size,
+                         thresholds: np.ndarray = IOU_THRESHOLDS,
+                         max_dets: tuple = MAX_DETS) -> tuple[np.ndarray, np.ndarray]:
+    """summarize() of every replicate from accumulate_replicates' output: float64[R, 12] over
+    all categories and float64[R, K, 12] per category, NaN where summarize() gives -1.
+
+    An AP statistic is the mean of the precision entries of the categories with ground truth
+    (valid) over the chosen IoU thresholds and the n_recall recall thresholds; each valid
+    category contributes the same number of entries, so the mean over categories is
+    sum(precision_sum) / (valid categories x entries per category). AR likewise from recall.
+    The value equals summarize() on the replicate's arrays up to float summation order."""
+    R, K = valid.shape[:2]
+    overall = np.full((R, len(SUMMARY_NAMES)), np.nan)
+    per_category = np.full((R, K, len(SUMMARY_NAMES)), np.nan)
+    big = max_dets.index(max_dets[2])
+    specs = [(True, None, "all", big), (True, .5, "all", big), (True, .75, "all", big),
+             (True, None, "small", big), (True, None, "medium", big), (True, None, "large", big),
+             (False, None, "all", 0), (False, None, "all", 1), (False, None, "all", big),
+             (False, None, "small", big), (False, None, "medium", big), (False, None, "large", big)]
+    for i, (ap, iou, area, m) in enumerate(specs):
+        a = AREA_NAMES.index(area)
+        t_sel = np.arange(thresholds.size) if iou is None else np.where(iou == thresholds)[0]
+        source = precision_sum if ap else recall
+        entries = t_sel.size * (n_recall if ap else 1)
+        if not entries:
+            continue
+        values = source[:, :, a, m, :][:, :, t_sel].sum(axis=-1)                # [R, K]
+        ok = valid[:, :, a]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_category[:, :, i] = np.where(ok, values / entries, np.nan)
+            n_ok = ok.sum(axis=1)
+            overall[:, i] = np.where(n_ok > 0, np.where(ok, values, 0.0).sum(axis=1)
+                                     / (np.maximum(n_ok, 1) * entries), np.nan)
+    return overall, per_category
+
+
 def coco_state(image_key: np.ndarray, n_categories: int,
                gt_image: np.ndarray, gt_category: np.ndarray, gt_area: np.ndarray,
                gt_crowd: np.ndarray, dt_image: np.ndarray, dt_category: np.ndarray,
-               dt_score: np.ndarray, dt_area: np.ndarray, pair_iou, **options) -> CocoState:
+               dt_score: np.ndarray, dt_area: np.ndarray, pair_iou, image_hash=None,
+               bootstrap=None, **options) -> CocoState:
     """CocoState of a set of images: groups are the (image, category) pairs that occur.
 
     image_key int64[I] (the image id, pycocotools' order); gt_* [M] and dt_* [N] in input order
-    with image and category indices; pair_iou(dt_index, gt_index) as in coco_match."""
+    with image and category indices; pair_iou(dt_index, gt_index) as in coco_match. With an
+    enabled bootstrap, image_hash uint64[I] gives each image's datum hash (coco_match)."""
     key = np.r_[gt_image * n_categories + gt_category, dt_image * n_categories + dt_category]
     unique, inverse = np.unique(key, return_inverse=True)
     M = gt_image.size
+    if bootstrap is not None and bootstrap.enabled:
+        options = dict(options, bootstrap=bootstrap,
+                       group_image_hash=np.asarray(image_hash, np.uint64)[unique // n_categories])
     return coco_match(
         group_category=(unique % n_categories).astype(np.int64),
         group_image_key=image_key[unique // n_categories],
@@ -437,6 +783,14 @@ def valor_metrics_from(precision: np.ndarray, counts: np.ndarray, n_gt: np.ndarr
     use = list(range(precision.shape[0])) if use is None else use
     has_gt = n_gt > 0
     ap = np.where(has_gt[None, :], precision[use, :, :, 0, 0].mean(axis=1), 0.0)       # [T, K]
+    return _valor_metrics_of(ap, counts, n_gt, present, use)
+
+
+def _valor_metrics_of(ap: np.ndarray, counts: np.ndarray, n_gt: np.ndarray, present: np.ndarray,
+                      use: list[int]) -> dict:
+    """valor_metrics_from's output from AP float64[len(use), K] (0 for labels without ground
+    truth) and the rest of its arguments."""
+    has_gt = n_gt > 0
     recall = np.zeros((len(use),) + counts.shape[1:3])
     np.divide(counts[use, :, :, 0], n_gt, out=recall, where=has_gt)
     ar = recall.mean(axis=0)                                                           # [S, K]
@@ -734,12 +1088,14 @@ VALOR = Protocol("valor")
 class DetectionConfig(NamedTuple):
     """What `evalbeam detection` evaluates: iou_type "bbox" or "segm"; protocol (COCO or a
     valor Protocol); native: the inputs are native rows (else COCO files); max_image_pixels:
-    the largest mask a row may hold."""
+    the largest mask a row may hold; bootstrap: a kernels.bootstrap.Bootstrap with replicates
+    > 0 (the states carry replicate parts and the records "_replicates"), or None."""
 
     iou_type: str = "bbox"
     protocol: Protocol = COCO
     native: bool = False
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    bootstrap: object = None
 
 
 # ----------------------------------------------------------------------------- the state
@@ -781,7 +1137,12 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
     protocol, iou_type = config.protocol, config.iou_type
     matches = state.matches
     if protocol.name == "valor":
-        yield from _valor_records(matches, categories, protocol)
+        if isinstance(matches, CocoState) and matches.n_gt_replicates is not None:
+            records = list(_valor_records(matches, categories, protocol))
+            yield from attach_replicates(records, _valor_replicate_records(
+                matches, categories, protocol, config.bootstrap), _identity)
+        else:
+            yield from _valor_records(matches, categories, protocol)
         present = matches.present if isinstance(matches, ValorBinnedState) else valor_present(matches)
         yield {"type": "DetailedPrecisionRecallCurve",
                "value": _detailed_value(state.detailed, categories, protocol, present),
@@ -793,12 +1154,33 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
         yield from _binned_records(matches, categories, iou_type)
         return
     precision, recall = accumulate(matches)
-    yield {"type": "COCOSummary", "value": summarize(precision, recall),
-           "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)}}
+    replicates = per_category = None
+    if matches.n_gt_replicates is not None:
+        replicates, per_category = summarize_replicates(*accumulate_replicates(
+            matches, config.bootstrap, precision_at=(MAX_DETS.index(MAX_DETS[2]),)))
+    summary = {"type": "COCOSummary", "value": summarize(precision, recall),
+               "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)}}
+    if replicates is not None:
+        summary[REPLICATES] = _statistic_replicates(replicates)
+    yield summary
     for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
-        yield {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
-               "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
-                              "category_id": cid}}
+        record = {"type": "COCOClassSummary", "value": summarize(precision, recall, category=k),
+                  "parameters": {"iou_type": iou_type, "protocol": "coco", "label": name,
+                                 "category_id": cid}}
+        if replicates is not None:
+            record[REPLICATES] = _statistic_replicates(per_category[:, k])
+        yield record
+
+
+def _statistic_replicates(values: np.ndarray) -> dict:
+    """float64[R, 12] (NaN: undefined) -> {statistic: [R values, None where undefined]}: the
+    REPLICATES of a COCOSummary / COCOClassSummary record, one list per field of its value."""
+    return {name: [None if np.isnan(v) else float(v) for v in values[:, i].tolist()]
+            for i, name in enumerate(SUMMARY_NAMES)}
+
+
+def _identity(record: dict) -> str:
+    return record_identity(record["type"], record["parameters"])
 
 
 def _binned_records(state: BinnedState, categories, iou_type: str):
@@ -884,6 +1266,68 @@ def _valor_metric_records(m: dict, categories, ious, use, scores, extra: dict):
                 yield record("Counts", {key: counts[key] for key in ("tp", "fp", "fn")}, **params)
                 for kind, key in (("Precision", "precision"), ("Recall", "recall"), ("F1", "f1_score")):
                     yield record(kind, counts[key], **params)
+
+
+def _category_sums(weights: np.ndarray, category: np.ndarray, mask: np.ndarray,
+                   n_categories: int) -> np.ndarray:
+    """int64[R, K]: per replicate and category, the weights (uint8[R, n]) of the rows in mask,
+    for rows sorted by category (int[n])."""
+    out = np.zeros((weights.shape[0], n_categories), dtype=np.int64)
+    rows = np.flatnonzero(mask)
+    if rows.size:
+        present, first = np.unique(category[rows], return_index=True)
+        out[:, present] = np.add.reduceat(weights[:, rows], first, axis=1, dtype=np.int64)
+    return out
+
+
+def valor_counts_replicates(state: CocoState, bootstrap, n_thresholds: int,
+                            score_thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """valor_counts() of every replicate, int64[R, I, S, K, 3], each detection and ground truth
+    counted as many times as its image's weight; and the weighted number of detections per
+    label, int64[R, K] (a label is present in a replicate when it has ground truth or a
+    detection there)."""
+    K, S, R = state.n_categories, score_thresholds.size, state.n_gt_replicates.shape[0]
+    n_gt = state.n_gt_replicates[:, :, 0]                                       # [R, K]
+    out = np.zeros((R, n_thresholds, S, K, 3), dtype=np.int64)
+    order = np.argsort(state.category, kind="stable")
+    category = state.category[order]
+    weights = (replicate_row_weights(state, bootstrap)[:, order] if order.size
+               else np.zeros((R, 0), np.uint8))
+    is_tp = _unbits(state.tp[order, 0], n_thresholds)                              # [n, I]
+    score = state.score[order]
+    for j, s in enumerate(score_thresholds):
+        counted = (score >= s) & (score > 0)
+        n_counted = _category_sums(weights, category, counted, K)
+        for i in range(n_thresholds):
+            tp = _category_sums(weights, category, counted & is_tp[:, i], K)
+            out[:, i, j, :, 0] = tp
+            out[:, i, j, :, 1] = n_counted - tp
+            out[:, i, j, :, 2] = n_gt - tp
+    return out, _category_sums(weights, category, np.ones(category.size, bool), K)
+
+
+def _valor_replicate_records(state: CocoState, categories, protocol: "Protocol", bootstrap) -> list:
+    """For each replicate, the scalar records _valor_metric_records makes of it (the labels
+    present in that replicate; none when no label is)."""
+    matched = np.array(protocol.matching_thresholds)
+    ious = list(protocol.iou_thresholds)
+    use = [list(protocol.matching_thresholds).index(t) for t in ious]
+    scores = list(protocol.score_thresholds)
+    precision_sum, _, _ = accumulate_replicates(state, bootstrap, matched, max_dets=(None,))
+    counts, n_detections = valor_counts_replicates(state, bootstrap, matched.size, np.array(scores))
+    n_gt = state.n_gt_replicates[:, :, 0]
+    out = []
+    for r in range(n_gt.shape[0]):
+        present = (n_gt[r] > 0) | (n_detections[r] > 0)
+        if not present.any():
+            out.append([])
+            continue
+        ap = np.where(n_gt[r][None, :] > 0,
+                      precision_sum[r][:, 0, 0, :][:, use].T / RECALL_THRESHOLDS.size, 0.0)
+        m = _valor_metrics_of(ap, counts[r], n_gt[r], present, use)
+        out.append([rec for rec in _valor_metric_records(m, categories, ious, use, scores, {})
+                    if rec["type"] != "Counts"])
+    return out
 
 
 def valor_present(state: CocoState) -> np.ndarray:
