@@ -6,6 +6,12 @@ shard joins ground truth and each model's predictions and scores every datum
 (sorted), merged into scores.jsonl by one streaming k-way merge, so their order is the same for
 any shard or worker count; the states per (model, slice) are merged by transforms.merge.MergeStates
 and turned into records by the kernel's state_records.
+
+Bootstrap (job.bootstrap / EvaluateText(bootstrap=...)): each shard draws the Poisson weights of
+its datums once (kernels.bootstrap, keyed by FNV-1a of the datum_uid), the kernels note each
+datum's column beside its scores, and the states are sealed (one weighted product per metric)
+before they leave the shard; the records carry the internal replicate fields, which transforms.uncertainty turns into
+intervals (one per field for the dict values of ROUGE, CorpusBLEU and the rule evaluators).
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import json
 import typing
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.schemas.hashing import uid_shards
+from evalbeam.schemas.hashing import fnv1a_64, uid_shards
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
@@ -27,12 +35,15 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.judge.report import judge_problems, judge_report
 from evalbeam.transforms.judge.session import merge_counters
+from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
 from evalbeam.transforms.merge import merged_records
 
 TAG_SCORES = "scores"
 TAG_JUDGE = "judge_stats"
+TAG_PRESENCE = "presence"
+TAG_OUTCOMES = "outcomes"
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
@@ -105,16 +116,25 @@ class TextRowsFromDicts(RowsFromDicts):
 class MatchText(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), TextState) per model and slice; score rows to
     scores_dir/part-<shard>.jsonl (then TAG_SCORES: (path, rows)) or, without scores_dir, each
-    score row on TAG_SCORES; rejects and stats tagged."""
+    score row on TAG_SCORES; rejects and stats tagged.
+
+    bootstrap (a kernels.bootstrap.Bootstrap, or None: off): the states carry R weighted
+    replicates. With compare_to as well, TAG_PRESENCE gets per slice (slice JSON, ("groundtruths"
+    | model, uint64 hashes of the shard's datums with a ground truth | a prediction of model)),
+    and TAG_OUTCOMES per rule evaluator and slice ((record identity, slice JSON), (model, uint64
+    hashes, bool passed)) of the datums its pass rate counts (Evaluated.presence, .outcomes)."""
 
     def __init__(self, models, slice_specs, config: TextConfig, files: dict, scores_dir: str | None,
-                 quiet: bool, started: float):
+                 quiet: bool, started: float, bootstrap: Bootstrap | None = None,
+                 compare_to: str | None = None):
         super().__init__(quiet, started)
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.config = config
         self.files = files
         self.scores_dir = scores_dir
+        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
+        self.compare = self.bootstrap is not None and compare_to is not None
 
     def setup(self):
         super().setup()
@@ -150,21 +170,37 @@ class MatchText(ProgressDoFn):
         states: dict = {}
         score_rows: list = []
         judged: list = []
-        for uid in sorted(truths):
+        uids = sorted(truths)
+        hashes = weights = None
+        if self.bootstrap is not None:
+            # one weight per (replicate, datum), drawn once per shard; column = position in uids
+            hashes = fnv1a_64(pa.array(uids, pa.string()))
+            weights = self.bootstrap.weights(hashes)
+        members: dict = {}   # (source, slice JSON) -> columns, for the presence output
+        for column, uid in enumerate(uids):
             truth: GroundTruthRow = truths[uid]
             groups = ["{}"] + [canonical_json({k: json.loads(truth.slices[k]) for k in spec})
                                for spec in self.slice_specs]
+            if self.compare:
+                for group in groups:
+                    members.setdefault((GROUNDTRUTHS, group), []).append(column)
+            noted = column if weights is not None else None
             for model in self.models:
                 prediction: PredictionRow | None = predictions[model].get(uid)
                 targets = [states.setdefault((model, group), TextState()) for group in groups]
-                score_rows.extend(score_datum(self.config, truth, prediction, model, targets))
+                score_rows.extend(score_datum(self.config, truth, prediction, model, targets, noted))
                 if self.session is not None:
-                    judged.append((truth, prediction, model, targets))
+                    judged.append((truth, prediction, model, targets, noted))
+                if self.compare and prediction is not None:
+                    for group in groups:
+                        members.setdefault((model, group), []).append(column)
+        for (source, group), columns in sorted(members.items()):
+            yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (group, (source, hashes[np.asarray(columns)])))
         if judged:
             # judged at the end of the bundle, together with the bundle's other shards
-            self.pending.append((shard, states, score_rows, judged))
+            self.pending.append((shard, states, score_rows, judged, hashes, weights))
             return
-        yield from self._shard_outputs(shard, states, score_rows)
+        yield from self._shard_outputs(shard, states, score_rows, hashes, weights)
 
     def start_bundle(self):
         self.pending = []   # (shard, states, score rows, judged datums) waiting for the judge
@@ -181,7 +217,7 @@ class MatchText(ProgressDoFn):
         from evalbeam.transforms.judge.judged_text import judge_datums
 
         pending, self.pending = self.pending, []
-        judged_rows = judge_datums(self.session, self.config, [judged for *_, judged in pending])
+        judged_rows = judge_datums(self.session, self.config, [p[3] for p in pending])
 
         def windowed(output):
             # finish_bundle has no input element to inherit a window from: the global window
@@ -189,14 +225,16 @@ class MatchText(ProgressDoFn):
                 return beam.pvalue.TaggedOutput(output.tag, windowed(output.value))
             return WindowedValue(output, GlobalWindow().max_timestamp(), (GlobalWindow(),))
 
-        for (shard, states, score_rows, _), rows in zip(pending, judged_rows):
+        for (shard, states, score_rows, _, hashes, weights), rows in zip(pending, judged_rows):
             score_rows.extend(rows)
-            for output in self._shard_outputs(shard, states, score_rows):
+            for output in self._shard_outputs(shard, states, score_rows, hashes, weights):
                 yield windowed(output)
         yield windowed(beam.pvalue.TaggedOutput(TAG_JUDGE, self.session.take_stats()))
 
-    def _shard_outputs(self, shard, states: dict, score_rows: list):
-        """The score part (or rows) and the partial states of one scored shard."""
+    def _shard_outputs(self, shard, states: dict, score_rows: list, hashes=None, weights=None):
+        """The score part (or rows) and the partial states of one scored shard; with bootstrap
+        weights (uint8[R, n], the columns of hashes), the rule outcomes (when comparing) and the
+        states sealed."""
         score_rows.sort(key=score_sort_key)
         if self.scores_dir is not None:
             path = join(self.scores_dir, f"part-{shard:05d}.jsonl")
@@ -206,9 +244,37 @@ class MatchText(ProgressDoFn):
         else:
             for row in score_rows:
                 yield beam.pvalue.TaggedOutput(TAG_SCORES, row)
+        if weights is not None:
+            for (model, group), state in sorted(states.items()):
+                if self.compare:
+                    yield from rule_outcomes(model, group, state, hashes)
+                state.seal(weights)
         for key in sorted(states):
             yield key, states[key]
         self.progress.say("match", f"scored shard {shard}")
+
+
+# The parameters that name the "pass" field of a rule record's value in a comparison: a record
+# whose value is an object is compared field by field, each field named by the record's
+# parameters plus {"field": name} (the identity of its outcomes for McNemar's test)
+PASS_FIELD = {"field": "pass"}
+
+
+def rule_outcomes(model: str, group: str, state: TextState, hashes: np.ndarray):
+    """TAG_OUTCOMES of one unsealed state: per rule evaluator, ((identity of its pass rate, slice
+    JSON), (model, uint64 hashes, bool passed)) of the datums its rates count (parse failures
+    included, as not passed), for McNemar's test of the pass rates. The identity is
+    record_identity(type, {"field": "pass"}): the record's parameters ({}) and the field."""
+    from evalbeam.transforms.kernels.rule_metrics import COUNT_FIELDS, RuleState
+
+    passed_index = COUNT_FIELDS.index("passed")
+    for kind, rule in sorted(state.rules.items()):
+        if not isinstance(rule, RuleState) or not rule.notes:
+            continue
+        columns = np.array([column for column, _, _ in rule.notes], np.int64)
+        passed = np.array([counts[passed_index] == 1 for _, counts, _ in rule.notes], bool)
+        yield beam.pvalue.TaggedOutput(TAG_OUTCOMES, ((record_identity(kind, PASS_FIELD), group),
+                                                      (model, hashes[columns], passed)))
 
 
 def merge_score_parts(parts: list, path: str) -> int:
@@ -216,17 +282,27 @@ def merge_score_parts(parts: list, path: str) -> int:
     return merge_sorted_parts(parts, path, "datum_uid")
 
 
-def _evaluate(read, models, slices, config, files, scores_dir, quiet, started):
+def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, bootstrap=None,
+              compare_to=None):
+    """(metrics, scores, rejected, stats, judge stats, presence, outcomes); presence and
+    outcomes are None unless bootstrapping with compare_to. With bootstrap, the records keep
+    the internal replicate fields for transforms.uncertainty."""
+    boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started))
+               | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started,
+                                                 boot, compare_to))
                .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, main="partials"))
+               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
+                             main="partials"))
     metrics = merged_records(matched.partials, state_records, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
-    return metrics, matched[TAG_SCORES], rejected, stats, judge_stats
+    comparing = boot is not None and compare_to is not None
+    presence = matched[TAG_PRESENCE] if comparing else None
+    outcomes = matched[TAG_OUTCOMES] if comparing else None
+    return metrics, matched[TAG_SCORES], rejected, stats, judge_stats, presence, outcomes
 
 
 # every metric type, in the order of metrics.jsonl
@@ -247,6 +323,8 @@ class EvaluateTextFiles(beam.PTransform):
 
     def __init__(self, config: TextConfig, job):
         super().__init__()
+        self.bootstrap = getattr(job, "bootstrap", None)
+        self.compare_to = getattr(job, "compare_to", None)
         self.sources = job.sources
         self.models = list(job.models)
         self.slices = list(job.slices)
@@ -261,16 +339,16 @@ class EvaluateTextFiles(beam.PTransform):
         read = pbegin | "ReadFiles" >> ReadFiles(
             self.sources, ReadTextFile(self.sources, slice_keys, self.num_shards, self.config,
                                        self.quiet, self.started), (TAG_REJECTED, TAG_STATS))
-        metrics, score_parts, rejected, stats, judge_stats = _evaluate(
+        metrics, score_parts, rejected, stats, judge_stats, presence, outcomes = _evaluate(
             read, self.models, self.slices, self.config,
             {n: s.files for n, s in self.sources.items()}, self.temp("scores-parts"), self.quiet,
-            self.started)
+            self.started, self.bootstrap, self.compare_to)
         n_scores = (score_parts
                     | "GatherScoreParts" >> beam.combiners.ToList()
                     | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
         if self.config.judge is None:
             return Evaluated(metrics, rejected, stats, pbegin | "NoProblems" >> beam.Create([]),
-                             {"scores.jsonl": n_scores})
+                             {"scores.jsonl": n_scores}, presence=presence, outcomes=outcomes)
         # the judge metrics' records of the whole dataset: their status counts decide the status
         judged = metrics | "JudgedRecords" >> beam.Filter(
             lambda record: "counts" in record and record["slice"] == {})
@@ -279,7 +357,8 @@ class EvaluateTextFiles(beam.PTransform):
             lambda r, records, allowed: judge_problems(list(records), allowed,
                                                        r["judge"]["error_samples"]),
             beam.pvalue.AsList(judged), self.config.judge_max_failed_fraction)
-        return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report)
+        return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report,
+                         presence, outcomes)
 
 
 class EvaluateText(EvaluateRows):
@@ -287,17 +366,22 @@ class EvaluateText(EvaluateRows):
 
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows
     as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
-    (records, scores, rejects, stats) where scores holds the per-datum score rows."""
+    (records, scores, rejects, stats) where scores holds the per-datum score rows. bootstrap
+    (kernels.bootstrap.Bootstrap) and compare_to: intervals and Comparison records as with
+    --bootstrap and --compare_to (pipelines/text.md, "Intervals")."""
 
     def __init__(self, config: TextConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 1000, with_diagnostics: bool = False):
-        super().__init__(config or TextConfig(), slices, num_shards, batch_size, with_diagnostics)
+                 batch_size: int = 1000, with_diagnostics: bool = False, bootstrap=None,
+                 compare_to: str | None = None):
+        super().__init__(config or TextConfig(), slices, num_shards, batch_size, with_diagnostics,
+                         bootstrap, compare_to)
 
     def expand(self, pcolls):
         slice_keys = self.slice_keys
         reader = TextRowsFromDicts(slice_keys, self.num_shards, self.config)
         models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
                                          "EvaluateText")
-        metrics, scores, rejected, stats, _ = _evaluate(read, models, self.slices, self.config, {}, None,
-                                                        True, 0.0)
+        metrics, scores, rejected, stats, _, presence, outcomes = _evaluate(
+            read, models, self.slices, self.config, {}, None, True, 0.0, self.bootstrap, self.compare_to)
+        metrics = self.uncertain(metrics, presence, outcomes, unit="datum")
         return (metrics, scores, rejected, stats) if self.with_diagnostics else metrics

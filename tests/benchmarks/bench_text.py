@@ -17,6 +17,11 @@ wall times and the ratio.
     pip install -e ".[test,bench]"
     python tests/benchmarks/bench_text.py                     # 200,000 datums, 3 repeats
     python tests/benchmarks/bench_text.py --n_datums 20000 --repeats 1
+    python tests/benchmarks/bench_text.py --bootstrap 100   # evalbeam with / without --bootstrap 100
+
+With --bootstrap R the sides are evalbeam (2 workers) without and with `--bootstrap R` on the same
+files; the script checks that the point values are identical and prints the time ratio (issue
+16's target: at most 1.5x).
 """
 
 from __future__ import annotations
@@ -124,6 +129,55 @@ def evalbeam_scores(output: str) -> dict:
     return out
 
 
+def bootstrap_main(args, data: dict) -> int:
+    """evalbeam (2 workers) without and with --bootstrap R on the same files: time ratio, and
+    the point values compared."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    beam_args = "--direct_running_mode multi_processing --direct_num_workers 2"
+    sides = {"without --bootstrap": beam_args,
+             f"--bootstrap {args.bootstrap}": f"{beam_args} --bootstrap {args.bootstrap}"}
+    runs: dict = {key: [] for key in sides}
+    runs_dir = os.path.join(args.workdir, f"boot_n{args.n_datums}")
+    os.makedirs(runs_dir, exist_ok=True)
+    for repeat in range(1, args.repeats + 1):
+        for i, (key, extra) in enumerate(sides.items()):
+            output = os.path.join(runs_dir, f"side{i}_r{repeat}")
+            shutil.rmtree(output, ignore_errors=True)
+            cmd = evalbeam_command(data, output, extra)
+            print(f"[{repeat}/{args.repeats}] {key}: {shlex.join(cmd)}", file=sys.stderr)
+            result = measure(cmd, output + ".log")
+            if result["returncode"] != 0:
+                with open(result["stderr"], encoding="utf-8", errors="replace") as f:
+                    sys.stderr.write(f.read()[-5000:])
+                return 1
+            result["output"] = output
+            print(f"    {result['wall_s']:.2f} s, tree {result['peak_tree_kb'] / 1024:.0f} MB", file=sys.stderr)
+            runs[key].append(result)
+    plain_key, boot_key = list(sides)
+
+    def points(output):
+        with open(os.path.join(output, "metrics.jsonl"), encoding="utf-8") as f:
+            return [{k: v for k, v in json.loads(line).items() if k not in ("interval", "wilson")} for line in f]
+
+    same = points(runs[plain_key][-1]["output"]) == points(runs[boot_key][-1]["output"])
+    print("### Machine")
+    print("\n".join(machine_info(("apache-beam", "rouge-score", "nltk", "sacrebleu", "numpy"))))
+    print(f"- load average at the start: {load}; at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"\n### Text bootstrap: {args.n_datums:,} datums, ROUGE (4 types) + sentence BLEU, "
+          f"evalbeam 2 workers, median of {args.repeats} run(s)\n")
+    print("| side | wall time median (s) | all runs (s) | peak PSS, process tree (MB) |")
+    print("|---|---:|---|---:|")
+    median = {}
+    for key, items in runs.items():
+        median[key] = statistics.median(r["wall_s"] for r in items)
+        walls = ", ".join(f"{r['wall_s']:.1f}" for r in items)
+        print(f"| {key} | {median[key]:.1f} | {walls} | {max(r['peak_tree_kb'] for r in items) / 1024:.0f} |")
+    print(f"\n**with / without --bootstrap {args.bootstrap}: {median[boot_key] / median[plain_key]:.2f}x** "
+          f"(target <= 1.5)")
+    print(f"\nPoint values identical with and without --bootstrap: {same}")
+    return 0 if same else 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--_loop"]:
         run_loop(*argv[1:4])
@@ -132,8 +186,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n_datums", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join("/tmp", "evalbeam-bench", "text"))
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R",
+                        help="time evalbeam with --bootstrap R against evalbeam without it")
     args = parser.parse_args(argv)
     data = ensure_dataset(args.workdir, args.n_datums)
+    if args.bootstrap:
+        return bootstrap_main(args, data)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     sides = {
         "evalbeam, multi_processing, 2 workers": lambda out: evalbeam_command(

@@ -21,6 +21,10 @@ def state_key(kind: str, parameters: dict) -> str:
     return kind + (json.dumps(extra, sort_keys=True) if extra else "")
 
 
+# judge metrics whose per-datum value is a verdict, 0 or 1: their mean is a share of datums
+VERDICT_METRICS = frozenset({"ContactInformation", "LanguageMismatch", "Sexism", "SummarizationJudge"})
+
+
 class _Metric(typing.NamedTuple):
     """One requested judge metric, prepared once per call of judge_datums."""
     kind: str
@@ -28,20 +32,34 @@ class _Metric(typing.NamedTuple):
     key: str             # TextState.rules key
     parameters: dict     # the records' parameters
     program: typing.Any  # the metric's async program
+    binary: bool         # the value of a datum is 0 or 1 (VERDICT_METRICS, pass/fail BYOP)
+
+
+def _binary(kind: str, extra: dict, judge) -> bool:
+    if kind in VERDICT_METRICS:
+        return True
+    if kind == "BYOP":
+        # a pass/fail template's answer has a "verdict" (transforms/judge/metrics.byop_program)
+        for template in judge.byop:
+            if template.name == extra.get("template"):
+                return "verdict" in (template.schema or {}).get("properties", {})
+    return False
 
 
 def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
-    """groups (one per shard): [(GroundTruthRow, PredictionRow or None, model, [TextState])]
-    -> the score rows of each group. Every group's programs run at once on the session, so the
-    slowest retry chain of one shard does not hold back the calls of the next."""
+    """groups (one per shard): [(GroundTruthRow, PredictionRow or None, model, [TextState],
+    bootstrap column or None)] -> the score rows of each group. Every group's programs run at
+    once on the session, so the slowest retry chain of one shard does not hold back the calls
+    of the next."""
     judge = config.judge
     catalogue = []  # per metric once, not per datum
     for kind, extra, program in metric_programs(config.metrics, judge):
         parameters = parameters_of(kind, extra, judge)
-        catalogue.append(_Metric(kind, extra, state_key(kind, parameters), parameters, program))
+        catalogue.append(_Metric(kind, extra, state_key(kind, parameters), parameters, program,
+                                 _binary(kind, extra, judge)))
     tasks, places = [], []
     for group_index, judged in enumerate(groups):
-        for truth, prediction, model, states in judged:
+        for truth, prediction, model, states, column in judged:
             datum = None if prediction is None else Datum(
                 question=truth.query, references=truth.references if truth.references else None,
                 response=prediction.response, contexts=prediction.contexts)
@@ -50,11 +68,11 @@ def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
                 if datum is not None:
                     tasks.append(score_metric(session, judge, metric.kind, metric.program, datum))
                     index = len(tasks) - 1
-                places.append((group_index, truth, model, states, metric, index))
+                places.append((group_index, truth, model, states, column, metric, index))
 
     scores = session.run(_gather(tasks)) if tasks else []
     rows: list[list[dict]] = [[] for _ in groups]
-    for group_index, truth, model, states, metric, index in places:
+    for group_index, truth, model, states, column, metric, index in places:
         if index is None:
             value, status, details = None, "missing_prediction", {}
         else:
@@ -62,8 +80,9 @@ def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
             value, status, details = score.value, score.status, score.details
         for state in states:
             if metric.key not in state.rules:
-                state.rules[metric.key] = JudgeMetricState(metric.kind, metric.parameters)
-            state.rules[metric.key].add(value, status)
+                state.rules[metric.key] = JudgeMetricState(metric.kind, metric.parameters,
+                                                           binary=metric.binary)
+            state.rules[metric.key].add(value, status, column)
         rows[group_index].append({"datum_uid": truth.uid, "model": model, "metric": metric.kind,
                                   "parameters": metric.extra, "value": value, "status": status,
                                   "details": details})

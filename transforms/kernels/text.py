@@ -46,15 +46,26 @@ class TextState:
     order: "ROUGE/<type>" -> [ExactSum] x 3 (precision, recall, F), "BLEU" -> [ExactSum];
     "CorpusBLEU" -> int64[10] (corpus_bleu_stats, integers); counts: datums in each key; rules:
     {record type (judge metrics: transforms/judge/judged_text.py's key): a rule-count or judge
-    metric state with merge(), copy() and records()}."""
+    metric state with merge(), copy() and records()}.
+
+    Bootstrap (kernels/bootstrap.py; empty when off): replicates: per key, the same sums of R
+    replicates, each datum weighted by its Poisson weight: ROUGE and BLEU keys ->
+    judge_state.ReplicateSums (weighted counts and exact weighted sums), "CorpusBLEU" ->
+    int64[R, 11] (the weighted statistics, then the weighted datum count); replicate_count: R;
+    notes: the current shard's (columns, values) per key, until seal(weights) turns them into
+    replicate sums in one matrix product per key."""
 
     sums: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
     rules: dict = field(default_factory=dict)
+    replicates: dict = field(default_factory=dict)
+    replicate_count: int = 0
+    notes: dict = field(default_factory=dict)
 
-    def add_datum(self, key: str, values) -> None:
+    def add_datum(self, key: str, values, column: int | None = None) -> None:
         """One datum's scores under key: a tuple of floats (added to the ExactSums) or an int64
-        array (corpus statistics, added as integers); the key's datum count goes up by one."""
+        array (corpus statistics, added as integers); the key's datum count goes up by one.
+        column: the datum's column in the shard's bootstrap weights (None: not bootstrapping)."""
         if isinstance(values, np.ndarray) and values.dtype.kind == "i":
             self.sums[key] = self.sums[key] + values if key in self.sums else values.copy()
         else:
@@ -62,6 +73,32 @@ class TextState:
             for total, value in zip(sums, values):
                 total.add(float(value))
         self.counts[key] = self.counts.get(key, 0) + 1
+        if column is not None:
+            columns, rows = self.notes.setdefault(key, ([], []))
+            columns.append(column)
+            rows.append(values)
+
+    def seal(self, weights: np.ndarray) -> "TextState":
+        """Add the noted datums of one shard to the replicates: weights uint8[R, n] are the
+        shard's bootstrap weights (kernels.bootstrap.Bootstrap.weights of its datums' hashes),
+        the notes' columns index them. Vectorised: per key, one [R, m] x [m, c] product of
+        integers (CorpusBLEU) or per component one weighted_exact_totals (means)."""
+        from evalbeam.transforms.kernels.judge_state import ReplicateSums
+
+        self.replicate_count = max(self.replicate_count, int(weights.shape[0]))
+        notes, self.notes = self.notes, {}
+        for key, (columns, rows) in notes.items():
+            part_weights = weights[:, np.asarray(columns, np.int64)]
+            if key == "CorpusBLEU":
+                stats = np.column_stack([np.stack(rows), np.ones(len(rows), np.int64)])
+                part = part_weights.astype(np.int64) @ stats
+                self.replicates[key] = self.replicates[key] + part if key in self.replicates else part
+            else:
+                part = ReplicateSums.of(part_weights, np.asarray(rows, np.float64))
+                self.replicates[key] = self.replicates[key].merge(part) if key in self.replicates else part
+        for rule in self.rules.values():
+            rule.seal(weights)
+        return self
 
     def merge(self, other: "TextState") -> "TextState":
         for key, values in other.sums.items():
@@ -75,12 +112,21 @@ class TextState:
             self.counts[key] = self.counts.get(key, 0) + other.counts[key]
         for key, rule in other.rules.items():
             self.rules[key] = self.rules[key].merge(rule) if key in self.rules else rule.copy()
+        for key, part in other.replicates.items():
+            if key not in self.replicates:
+                self.replicates[key] = part.copy()
+            elif isinstance(part, np.ndarray):
+                self.replicates[key] = self.replicates[key] + part
+            else:
+                self.replicates[key].merge(part)
+        self.replicate_count = max(self.replicate_count, other.replicate_count)
         return self
 
     def copy(self) -> "TextState":
         sums = {k: v.copy() if isinstance(v, np.ndarray) else [x.copy() for x in v]
                 for k, v in self.sums.items()}
-        return TextState(sums, dict(self.counts), {k: v.copy() for k, v in self.rules.items()})
+        return TextState(sums, dict(self.counts), {k: v.copy() for k, v in self.rules.items()},
+                         {k: v.copy() for k, v in self.replicates.items()}, self.replicate_count)
 
     def means(self, key: str, width: int) -> list[float]:
         """The mean of each component of key (zeros when no datum was scored)."""
@@ -88,26 +134,64 @@ class TextState:
             return [0.0] * width
         return [total.mean() for total in self.sums[key]]
 
+    def replicate_means(self, key: str, width: int) -> list[list[float | None]]:
+        """[component][replicate] weighted means of key (None where a replicate weighs no
+        datum of it)."""
+        if key not in self.replicates:
+            return [[None] * self.replicate_count for _ in range(width)]
+        return self.replicates[key].means()
+
+    def replicate_corpus_bleu(self) -> list[dict | None]:
+        """Per replicate, corpus_bleu() of the weighted statistics (None for a replicate that
+        weighs no datum with references)."""
+        part = self.replicates.get("CorpusBLEU")
+        if part is None:
+            return [None] * self.replicate_count
+        return [corpus_bleu(row[:-1]) if row[-1] else None for row in part]
+
 
 def state_records(state: TextState, config: TextConfig) -> list[dict]:
     """Aggregate records (type, value, parameters) of a merged state: means over the datums
-    scored (zeros when none was), then the rule and judge states' records by record type."""
+    scored (zeros when none was), then the rule and judge states' records by record type.
+
+    A bootstrapped state (replicate_count R > 0) adds kernels.bootstrap.REPLICATES to each
+    record: [R values] for a scalar value (BLEU, judge metrics), {field: [R values]} for the
+    fields of a dict value that are metrics (ROUGE: precision, recall, fmeasure; CorpusBLEU:
+    score, bp; rules: the rates and looping means), None where a replicate has no datum; and
+    PROPORTION [k, n] (or {rate: [k, n]}) where the value is a share of datums. A value that no
+    datum was counted in (0 by convention: no datum with references, no contexts checked) gets
+    neither."""
+    from evalbeam.transforms.kernels.bootstrap import REPLICATES
+
+    boot = state.replicate_count > 0
     out = []
     if "ROUGE" in config.metrics:
         for rouge_type in config.rouge_types:
             mean = state.means(f"ROUGE/{rouge_type}", 3)
-            out.append({"type": "ROUGE",
-                        "value": {"precision": float(mean[0]), "recall": float(mean[1]),
-                                  "fmeasure": float(mean[2])},
-                        "parameters": {"rouge_type": rouge_type,
-                                       "rouge_use_stemmer": config.rouge_use_stemmer}})
+            record = {"type": "ROUGE",
+                      "value": {"precision": float(mean[0]), "recall": float(mean[1]),
+                                "fmeasure": float(mean[2])},
+                      "parameters": {"rouge_type": rouge_type,
+                                     "rouge_use_stemmer": config.rouge_use_stemmer}}
+            if boot and f"ROUGE/{rouge_type}" in state.counts:
+                record[REPLICATES] = dict(zip(("precision", "recall", "fmeasure"),
+                                              state.replicate_means(f"ROUGE/{rouge_type}", 3)))
+            out.append(record)
     if "BLEU" in config.metrics:
-        out.append({"type": "BLEU", "value": state.means("BLEU", 1)[0],
-                    "parameters": {"weights": list(config.bleu_weights)}})
+        record = {"type": "BLEU", "value": state.means("BLEU", 1)[0],
+                  "parameters": {"weights": list(config.bleu_weights)}}
+        if boot and "BLEU" in state.counts:
+            record[REPLICATES] = state.replicate_means("BLEU", 1)[0]
+        out.append(record)
     if "CorpusBLEU" in config.metrics:
         stats = state.sums.get("CorpusBLEU", np.zeros(2 + 2 * BLEU_ORDER, np.int64))
-        out.append({"type": "CorpusBLEU", "value": corpus_bleu(stats),
-                    "parameters": {"tokenize": "13a", "smooth_method": "exp", "lowercase": False}})
+        record = {"type": "CorpusBLEU", "value": corpus_bleu(stats),
+                  "parameters": {"tokenize": "13a", "smooth_method": "exp", "lowercase": False}}
+        if boot and "CorpusBLEU" in state.counts:
+            scores = state.replicate_corpus_bleu()
+            record[REPLICATES] = {name: [None if s is None else s[name] for s in scores]
+                                  for name in ("score", "bp")}
+        out.append(record)
     for kind in sorted(state.rules):
         out.extend(state.rules[kind].records())
     return out
@@ -122,9 +206,9 @@ def _row(uid, model, metric, value, status, parameters=None, details=None) -> di
 
 
 def score_overlap(config: TextConfig, uid: str, model: str, references: list[str],
-                  response: str | None, states: list[TextState]) -> list[dict]:
+                  response: str | None, states: list[TextState], column: int | None = None) -> list[dict]:
     """ROUGE, BLEU and CorpusBLEU of one datum: score rows, and the sums added to every state
-    (one per slice the datum belongs to)."""
+    (one per slice the datum belongs to); column: the datum's bootstrap column (or None)."""
     rows = []
     wanted = [m for m in OVERLAP_METRICS if m in config.metrics]
     if not wanted:
@@ -143,29 +227,31 @@ def score_overlap(config: TextConfig, uid: str, model: str, references: list[str
         scores = rouge(text, references, config.rouge_types, config.rouge_use_stemmer)
         for rouge_type, (p, r, f) in scores.items():
             for state in states:
-                state.add_datum(f"ROUGE/{rouge_type}", (p, r, f))
+                state.add_datum(f"ROUGE/{rouge_type}", (p, r, f), column)
             rows.append(_row(uid, model, "ROUGE", f, status, {"rouge_type": rouge_type},
                              {"precision": p, "recall": r}))
     if "BLEU" in config.metrics:
         value = sentence_bleu(text, references, config.bleu_weights)
         for state in states:
-            state.add_datum("BLEU", (value,))
+            state.add_datum("BLEU", (value,), column)
         rows.append(_row(uid, model, "BLEU", value, status))
     if "CorpusBLEU" in config.metrics:
         stats = corpus_bleu_stats(text, references)
         for state in states:
-            state.add_datum("CorpusBLEU", stats)
+            state.add_datum("CorpusBLEU", stats, column)
     return rows
 
 
-def score_datum(config: TextConfig, truth, prediction, model: str, states: list[TextState]) -> list[dict]:
+def score_datum(config: TextConfig, truth, prediction, model: str, states: list[TextState],
+                column: int | None = None) -> list[dict]:
     """Every configured score of one datum for one model (prediction None: no prediction row);
     returns score rows and adds to every state. truth: schemas.text_rows.GroundTruthRow,
-    prediction: PredictionRow or None."""
+    prediction: PredictionRow or None; column: the datum's column in the shard's bootstrap
+    weights (TextState.seal), None when not bootstrapping."""
     response = prediction.response if prediction is not None else None
-    rows = score_overlap(config, truth.uid, model, truth.references, response, states)
+    rows = score_overlap(config, truth.uid, model, truth.references, response, states, column)
     if set(config.metrics) - set(OVERLAP_METRICS):
         from evalbeam.transforms.kernels.rule_metrics import score_rules
 
-        rows.extend(score_rules(config, truth, prediction, model, states))
+        rows.extend(score_rules(config, truth, prediction, model, states, column))
     return rows
