@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.task import TaskSpec
-from evalbeam.transforms.kernels.classification import (DEFAULT_PR_THRESHOLDS, METRIC_TYPES,
-                                                        ClassificationConfig)
+from evalbeam.transforms.kernels.calibration import CALIBRATION_TYPES, DEFAULT_BINS
+from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, DEFAULT_PR_THRESHOLDS,
+                                                        METRIC_TYPES, ClassificationConfig)
 
 TASK = "classification"
 
@@ -32,8 +33,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max_examples", type=int, default=1, metavar="N",
                         help="example datum uids kept per confusion-matrix cell and curve "
                              "observation (default 1)")
-    parser.add_argument("--metrics", default=",".join(METRIC_TYPES), metavar="TYPE[,TYPE...]",
-                        help=f"metric types to compute (default all: {', '.join(METRIC_TYPES)})")
+    parser.add_argument("--metrics", default=None, metavar="TYPE[,TYPE...]",
+                        help=f"metric types to compute, from {', '.join(ALL_METRIC_TYPES)} "
+                             f"(default: {', '.join(METRIC_TYPES)}; with --calibration_bins also "
+                             f"{', '.join(CALIBRATION_TYPES)})")
+    parser.add_argument("--calibration_bins", type=int, default=None, metavar="B",
+                        help=f"bins of the calibration metrics (default {DEFAULT_BINS}); giving it "
+                             f"adds {', '.join(CALIBRATION_TYPES)} to the default metrics")
     parser.add_argument("--max_label_values", type=int, default=None, metavar="N",
                         help="most distinct values a label key may have; a key with more is not "
                              "evaluated and the run is incomplete (default: what fits 256 MiB per "
@@ -45,10 +51,17 @@ def add_arguments(parser) -> None:
 
 
 def configure(args) -> ClassificationConfig:
-    metrics = frozenset(m.strip() for m in args.metrics.split(",") if m.strip())
-    unknown = sorted(metrics - set(METRIC_TYPES))
+    if args.metrics is not None:
+        metrics = frozenset(m.strip() for m in args.metrics.split(",") if m.strip())
+    else:
+        # calibration is computed when asked for, so the default outputs stay as they were
+        metrics = frozenset(METRIC_TYPES) | (
+            frozenset(CALIBRATION_TYPES) if args.calibration_bins is not None else frozenset())
+    unknown = sorted(metrics - set(ALL_METRIC_TYPES))
     if unknown or not metrics:
-        raise UsageError(f"--metrics takes names from {', '.join(METRIC_TYPES)}; got {unknown or 'none'}")
+        raise UsageError(f"--metrics takes names from {', '.join(ALL_METRIC_TYPES)}; got {unknown or 'none'}")
+    if args.calibration_bins is not None and args.calibration_bins < 1:
+        raise UsageError("--calibration_bins must be 1 or more")
     if args.max_examples < 0:
         raise UsageError("--max_examples must be 0 or more")
     for name in ("max_label_values", "max_labels_per_row"):
@@ -62,6 +75,7 @@ def configure(args) -> ClassificationConfig:
         metrics=metrics,
         max_label_values=args.max_label_values,
         max_labels_per_row=args.max_labels_per_row,
+        calibration_bins=DEFAULT_BINS if args.calibration_bins is None else args.calibration_bins,
     )
 
 
@@ -70,7 +84,8 @@ def options(config: ClassificationConfig, args) -> dict:
         "score_thresholds": list(config.score_thresholds), "hardmax": config.hardmax,
         "pr_curve_thresholds": list(config.pr_curve_thresholds),
         "max_examples": config.max_examples,
-        "metrics": [m for m in METRIC_TYPES if m in config.metrics],
+        "metrics": [m for m in ALL_METRIC_TYPES if m in config.metrics],
+        "calibration_bins": config.calibration_bins,
         "max_label_values": config.value_limit,
         "max_labels_per_row": config.labels_per_row_limit,
     }

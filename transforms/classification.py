@@ -4,7 +4,10 @@ Data flow (see pipelines/DESIGN.md): rows of every source are validated and spli
 (ReadClassificationFiles, or ClassificationRowsFromDicts for a user's PCollections) ->
 GroupByKey(shard) -> MatchClassification joins ground truths and each model's predictions of the
 shard and runs the numpy kernel per (model, slice) into a ClassificationState ->
-CombinePerKey(MergeStates) adds the partial states -> records_of(state_records). Beside it,
+CombinePerKey(MergeStates) adds the partial states -> records_of(state_records). With a
+bootstrap (kernels.bootstrap), each shard draws its datums' weights once and every state also
+carries the replicates' weighted counts; the records then hold internal replicate fields that
+transforms.uncertainty turns into intervals. Beside it,
 Vocabularies collects each source's label values (bounded: a key with more values than
 ClassificationConfig.value_limit is only marked as such and is not evaluated), their union for the
 kernels, and the run's findings on them (vocabulary_problems).
@@ -12,6 +15,7 @@ kernels, and the run's findings on them (vocabulary_problems).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import typing
@@ -31,13 +35,18 @@ from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
                                     ProgressDoFn, ReadFiles, open_input)
-from evalbeam.transforms.kernels.classification import (METRIC_TYPES, ClassificationConfig,
-                                                        ClassificationState, match_key,
-                                                        state_records)
+from evalbeam.transforms.kernels.bootstrap import record_identity
+from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
+                                                        ClassificationState, datum_correct,
+                                                        match_key, state_records)
 from evalbeam.transforms.merge import merged_records
 
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
+# Tagged outputs of MatchClassification for the paired comparisons (Evaluated.presence and
+# Evaluated.outcomes); emitted only when bootstrapping with a baseline model.
+TAG_PRESENCE = "presence"
+TAG_OUTCOMES = "outcomes"
 
 
 def schema_of(source: str) -> pa.Schema:
@@ -212,16 +221,26 @@ class MatchClassification(ProgressDoFn):
 
     Rejects here what only the whole shard can show: a datum_uid repeated within one source
     (every copy is rejected, so the result does not depend on which copy came first) and
-    predictions whose datum has no valid ground truth. Tagged outputs as in ReadClassificationFile."""
+    predictions whose datum has no valid ground truth. Tagged outputs as in ReadClassificationFile.
+
+    bootstrap (a kernels.bootstrap.Bootstrap, or None): when enabled, the states carry its
+    replicates, weighted by Bootstrap.weights of the datums' FNV-1a uid hashes. compare: also
+    emit, per slice of the shard, TAG_PRESENCE (slice JSON, ("groundtruths" | model, uint64
+    hashes of the slice's datums with a ground truth | with a prediction row of the model)) and
+    TAG_OUTCOMES ((identity of an Accuracy record, slice JSON), (model, uint64 hashes of the
+    datums with a ground truth for its key, bool correct)) for McNemar's test."""
 
     def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
-                 files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int):
+                 files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int,
+                 bootstrap=None, compare: bool = False):
         super().__init__(quiet, started)
         self.config = config
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.files = files
         self.num_shards = num_shards
+        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
+        self.compare = bool(compare) and self.bootstrap is not None
 
     def setup(self):
         super().setup()
@@ -289,6 +308,12 @@ class MatchClassification(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
             gt_values = self._gt_values(gt, keys, vocab)
             groups = slice_groups(gt, self.slice_specs)
+            # one weight column per datum of the shard, shared by every model, slice and key
+            weights = None if self.bootstrap is None else self.bootstrap.weights(gt.hash)
+            if self.compare:
+                for slice_json, rows in groups:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, gt.hash[rows])))
 
         for model in self.models:
             entries = {}
@@ -310,33 +335,73 @@ class MatchClassification(ProgressDoFn):
                 entries = self._entries(predictions, datum, keys, vocab)
             if gt is None:
                 continue
+            predicted = np.zeros(len(gt), dtype=bool)
+            if self.compare and model in by_source:
+                predicted[datum[datum >= 0]] = True
             for slice_json, rows in groups:
-                yield (model, slice_json), self._slice_state(gt, gt_values, entries, rows, vocab)
+                yield (model, slice_json), self._slice_state(
+                    gt, gt_values, entries, rows, vocab,
+                    None if weights is None else weights[:, rows])
+                if self.compare:
+                    yield beam.pvalue.TaggedOutput(
+                        TAG_PRESENCE, (slice_json, (model, gt.hash[rows[predicted[rows]]])))
+                    yield from self._outcomes(model, slice_json, gt, gt_values, entries, rows)
         self.matched += 1
         self.progress.say("match", f"matched shard {shard} ({self.matched} in this worker, "
                                    f"{self.num_shards} in all)")
 
-    def _slice_state(self, gt, gt_values, entries, rows, vocab) -> ClassificationState:
+    @staticmethod
+    def _positions(gt, rows) -> np.ndarray:
+        """int64[len(gt)]: each datum's position in rows, -1 outside."""
         position = np.full(len(gt), -1, dtype=np.int64)
         position[rows] = np.arange(rows.size)
+        return position
+
+    @staticmethod
+    def _slice_entries(position, entries, key):
+        """A key's entries (datum, value, score) restricted to the datums with a position
+        (_positions), datum indices renumbered to those positions."""
+        if key not in entries:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0)
+        d, v, s = entries[key]
+        inside = position[d] >= 0
+        return position[d[inside]], v[inside], s[inside]
+
+    def _slice_state(self, gt, gt_values, entries, rows, vocab, weights=None) -> ClassificationState:
         uid = gt.uid.take(pa.array(rows))
+        position = self._positions(gt, rows)
         state = ClassificationState(self.config)
         for key, column in gt_values.items():
             sub_gt = column[rows]
-            if key in entries:
-                d, v, s = entries[key]
-                inside = position[d] >= 0
-                d, v, s = position[d[inside]], v[inside], s[inside]
-            else:
-                d, v, s = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0)
+            d, v, s = self._slice_entries(position, entries, key)
             if not (sub_gt >= 0).any() and not d.size:
                 continue
             state.add_key(key, match_key(sub_gt, gt.hash[rows], uid, d, v, s, len(vocab[key]),
-                                         self.config))
+                                         self.config, weights))
         return state
 
+    def _outcomes(self, model, slice_json, gt, gt_values, entries, rows):
+        """TAG_OUTCOMES of one model and slice: per key and score threshold, whether each datum
+        with a ground truth for the key is correct (as Accuracy counts it)."""
+        if "Accuracy" not in self.config.metrics:
+            return
+        position = self._positions(gt, rows)
+        for key, column in gt_values.items():
+            sub_gt = column[rows]
+            labelled = np.flatnonzero(sub_gt >= 0)
+            if not labelled.size:
+                continue
+            d, v, s = self._slice_entries(position, entries, key)
+            correct = datum_correct(sub_gt, d, v, s, self.config)
+            hashes = gt.hash[rows[labelled]]
+            for t, threshold in enumerate(self.config.score_thresholds):
+                identity = record_identity("Accuracy", {"label_key": key, "score_threshold": threshold,
+                                                        "hardmax": self.config.hardmax})
+                yield beam.pvalue.TaggedOutput(
+                    TAG_OUTCOMES, ((identity, slice_json), (model, hashes, correct[t, labelled])))
 
-TYPE_ORDER = {name: i for i, name in enumerate(METRIC_TYPES)}
+
+TYPE_ORDER = {name: i for i, name in enumerate(ALL_METRIC_TYPES)}
 
 
 def record_sort_key(record: dict):
@@ -350,18 +415,26 @@ def record_sort_key(record: dict):
 
 
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
-              started, num_shards):
+              started, num_shards, bootstrap=None, compare: bool = False):
     """The shared tail: shard pieces (shard, (source, rows)) and the vocabulary (a singleton)
     matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
-    stats) of the matching step."""
+    stats, presence, outcomes) of the matching step; presence and outcomes are None unless
+    bootstrapping with compare."""
     vocab_view = beam.pvalue.AsSingleton(vocab)
+    wanted = bootstrap if bootstrap is not None and bootstrap.enabled else None
+    if config.bootstrap != wanted:
+        # the calibration state keeps its replicates by the config's Bootstrap: the run's
+        config = dataclasses.replace(config, bootstrap=wanted)
+    match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
+                                bootstrap, compare)
     matched = (pieces
                | "GroupByShard" >> beam.GroupByKey()
-               | "Match" >> beam.ParDo(MatchClassification(
-                   config, models, slice_specs, files, quiet, started, num_shards), vocab_view)
-               .with_output_types(PARTIAL).with_outputs(TAG_REJECTED, TAG_STATS, main="partials"))
+               | "Match" >> beam.ParDo(match, vocab_view)
+               .with_output_types(PARTIAL).with_outputs(
+                   TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
     records = merged_records(matched.partials, state_records, vocab_view, config)
-    return records, matched[TAG_REJECTED], matched[TAG_STATS]
+    presence, outcomes = (matched[TAG_PRESENCE], matched[TAG_OUTCOMES]) if match.compare else (None, None)
+    return records, matched[TAG_REJECTED], matched[TAG_STATS], presence, outcomes
 
 
 class ClassificationRowsFromDicts(beam.DoFn):
@@ -406,12 +479,14 @@ class EvaluateClassificationFiles(beam.PTransform):
         per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
         problems = per_source | "LabelProblems" >> beam.FlatMap(
             vocabulary_problems, list(job.models), config)
-        records, match_rejects, match_stats = _evaluate(
+        bootstrap = getattr(job, "bootstrap", None)
+        records, match_rejects, match_stats, presence, outcomes = _evaluate(
             pieces, vocab, config, list(job.models), list(job.slices),
-            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards)
+            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards,
+            bootstrap, getattr(job, "compare_to", None) is not None)
         rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
         stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
-        return Evaluated(records, rejected, stats, problems)
+        return Evaluated(records, rejected, stats, problems, presence=presence, outcomes=outcomes)
 
 
 class EvaluateClassification(EvaluateRows):
@@ -420,14 +495,18 @@ class EvaluateClassification(EvaluateRows):
     Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
     in the README). Output: a PCollection of metric records {"type", "value", "parameters",
     "model", "slice"}. With with_diagnostics=True the output is (records, rejects, stats), where
-    stats holds ((counter, source), n) pairs. A label key with more values than
+    stats holds ((counter, source), n) pairs. bootstrap=Bootstrap(R, confidence, seed): every
+    scalar record gets its "interval" (and proportions their "wilson"), as with --bootstrap;
+    compare_to="model": also the Comparison records of the other models against it. A label key with more values than
     config.value_limit fails the pipeline with a ValueError that says so (the command line
     instead records it in run.json and skips the key).
     """
 
     def __init__(self, config: ClassificationConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 10_000, with_diagnostics: bool = False):
-        super().__init__(config or ClassificationConfig(), slices, num_shards, batch_size, with_diagnostics)
+                 batch_size: int = 10_000, with_diagnostics: bool = False, bootstrap=None,
+                 compare_to: str | None = None):
+        super().__init__(config or ClassificationConfig(), slices, num_shards, batch_size,
+                         with_diagnostics, bootstrap, compare_to)
 
     def expand(self, pcolls):
         if GROUNDTRUTHS not in pcolls:
@@ -447,8 +526,10 @@ class EvaluateClassification(EvaluateRows):
         pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
         _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config)
         vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, self.config)
-        records, rejected, stats = _evaluate(pieces, vocab, self.config, models, self.slices, {},
-                                             True, 0.0, self.num_shards)
+        records, rejected, stats, presence, outcomes = _evaluate(
+            pieces, vocab, self.config, models, self.slices, {}, True, 0.0, self.num_shards,
+            self.bootstrap, self.compare_to is not None)
+        records = self.uncertain(records, presence, outcomes, unit="datum")
         if not self.with_diagnostics:
             return records
         rejected = ([o[TAG_REJECTED] for o in outputs] + [rejected]) | "Rejected" >> beam.Flatten()

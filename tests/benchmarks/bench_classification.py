@@ -7,6 +7,7 @@ This is a standalone timing script, not a test. Run it from the repository root,
     python tests/benchmarks/bench_classification.py \\
         --beam_args "--direct_running_mode multi_processing --direct_num_workers 2"
     python tests/benchmarks/bench_classification.py --check    # 20,000 datums, same rows, ROCAUC diff
+    python tests/benchmarks/bench_classification.py --bootstrap 100 --skip_peer --repeats 1
 
 What is measured
 ----------------
@@ -50,6 +51,11 @@ written once as a separate pair of files (prefix_<K>/ next to the full data). Bo
 the time scaled by 1/F are printed; the ratio compares seconds per datum. Peak memory is not
 scaled: valor-lite's is for its K datums.
 
+--bootstrap R adds a third side, `evalbeam+bootstrap`: the same evalbeam command with
+`--bootstrap R` (intervals on every scalar metric, issue 16), interleaved with the others, and
+prints its wall time over evalbeam's without it (target <= 4x) and its peak tree memory (target
+<= 4 GB).
+
 --check runs valor-lite on exactly the full data (F = 1; n_datums defaults to 20,000) and prints the
 largest absolute difference between the per-class ROCAUC of evalbeam (metrics.jsonl records of
 model model_a with an empty slice) and of valor-lite, plus, best effort, for other metric types
@@ -77,6 +83,9 @@ LABEL_KEY = "class"
 CHECK_N_DATUMS = 20_000
 TARGET_RATIO = 0.1
 TARGET_MEMORY_MB = 2048
+BOOTSTRAP_SIDE = "evalbeam+bootstrap"
+TARGET_BOOTSTRAP_RATIO = 4.0
+TARGET_BOOTSTRAP_MEMORY_MB = 4096
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -388,6 +397,14 @@ def print_report(args, sides: dict[str, dict], fraction: float) -> None:
         mb = sides["evalbeam"]["tree_mb"]
         print(f"evalbeam peak memory (process tree): {mb:.0f} MB "
               f"(target <= {TARGET_MEMORY_MB} MB: {'met' if mb <= TARGET_MEMORY_MB else 'NOT met'})")
+    if "evalbeam" in sides and BOOTSTRAP_SIDE in sides:
+        ratio = sides[BOOTSTRAP_SIDE]["wall_s"] / sides["evalbeam"]["wall_s"]
+        mb = sides[BOOTSTRAP_SIDE]["tree_mb"]
+        print(f"\n**evalbeam --bootstrap {args.bootstrap} / evalbeam without it, wall time: "
+              f"{ratio:.2f}x** (target <= {TARGET_BOOTSTRAP_RATIO:g}x: "
+              f"{'met' if ratio <= TARGET_BOOTSTRAP_RATIO else 'NOT met'}); peak memory with it "
+              f"(process tree): {mb:.0f} MB (target <= {TARGET_BOOTSTRAP_MEMORY_MB} MB: "
+              f"{'met' if mb <= TARGET_BOOTSTRAP_MEMORY_MB else 'NOT met'})")
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -406,6 +423,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="run this instead of the installed evalbeam script (e.g. another venv's)")
     parser.add_argument("--skip_peer", action="store_true", help="do not run valor-lite")
     parser.add_argument("--skip_evalbeam", action="store_true", help="only run valor-lite")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R",
+                        help="also run evalbeam with --bootstrap R and print the time ratio")
     parser.add_argument("--check", action="store_true",
                         help="valor-lite on the same full data; compare per-class ROCAUC")
     args = parser.parse_args(argv)
@@ -418,6 +437,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--peer_fraction must be in (0, 1]")
     if args.skip_peer and args.skip_evalbeam:
         parser.error("nothing to run")
+    if args.bootstrap < 0 or (args.bootstrap and args.skip_evalbeam):
+        parser.error("--bootstrap R needs R >= 0 and the evalbeam side")
     return args
 
 
@@ -432,7 +453,8 @@ def main(argv: list[str]) -> int:
     peer_paths = full if n_keep >= args.n_datums else ensure_prefix(full, n_keep)
     fraction = n_keep / args.n_datums
 
-    plan = ([] if args.skip_evalbeam else ["evalbeam"]) + ([] if args.skip_peer else ["valor-lite"])
+    plan = ([] if args.skip_evalbeam else ["evalbeam"]) + ([BOOTSTRAP_SIDE] if args.bootstrap else []) \
+        + ([] if args.skip_peer else ["valor-lite"])
     runs: dict[str, list[dict]] = {name: [] for name in plan}
     runs_dir = os.path.join(args.workdir, "runs")
     for repeat in range(1, args.repeats + 1):
@@ -442,6 +464,9 @@ def main(argv: list[str]) -> int:
             os.makedirs(runs_dir, exist_ok=True)
             if name == "evalbeam":
                 cmd = evalbeam_command(full, output, args.beam_args, args.evalbeam_cmd)
+            elif name == BOOTSTRAP_SIDE:
+                cmd = evalbeam_command(full, output, args.beam_args, args.evalbeam_cmd) + [
+                    "--bootstrap", str(args.bootstrap)]
             else:
                 cmd = peer_command(peer_paths, output)
             print(f"[{repeat}/{args.repeats}] {name}: {shlex.join(cmd)}", file=sys.stderr)
@@ -460,8 +485,9 @@ def main(argv: list[str]) -> int:
             runs[name].append(result)
 
     sides = {}
-    if "evalbeam" in runs:
-        sides["evalbeam"] = summarize(runs["evalbeam"], args.n_datums)
+    for name in ("evalbeam", BOOTSTRAP_SIDE):
+        if name in runs:
+            sides[name] = summarize(runs[name], args.n_datums)
     if "valor-lite" in runs:
         sides["valor-lite"] = summarize(runs["valor-lite"], count_lines(peer_paths["groundtruths"]))
         peer = read_json(os.path.join(runs["valor-lite"][-1]["output"], "peer.json")) or {}

@@ -26,6 +26,20 @@ each 0 when its denominator is 0 (scikit-learn's zero_division=0).
 Accuracy(k, t) = sum_v tp / #datums with a ground truth for k (0 when there are none).
 ROC AUC(v): sklearn.metrics.roc_auc_score(gt == v, score_v) over the population, computed exactly
 from score histograms; undefined (None) without positives or negatives.
+
+Bootstrap replicates (issue 16). Given weights uint8[R, n] (kernels.bootstrap: datum d weighs
+w[r, d] in replicate r), match_key also fills a ReplicateState: n_pop, n_gt, n_pred, tp and fp
+with every datum counted w[r, d] times, and for ROC AUC a binned weighted score histogram
+(ranking.ReplicateHistogram). Replicate r's Precision, Recall, F1 and Accuracy are the formulas
+above on its counts, i.e. the metrics of the dataset where datum d appears w[r, d] times;
+its ROC AUC ranks the scores by bin (exact unless a bin holds two distinct scores; error bound
+in ranking.replicate_roc_auc). key_metrics puts the replicate values on each scalar record
+(kernels.bootstrap.REPLICATES: None where the replicate's dataset has no such record or the
+value is undefined) and [successes, trials] on the proportions (PROPORTION): Accuracy
+[sum_v tp, datums with a ground truth], Precision [tp, tp + fp], Recall [tp, tp + fn].
+
+Calibration (ECE, MCE, BrierScore, reliability diagrams) is kernels.calibration's, kept per key
+beside the rest when config.metrics asks for it.
 """
 
 from __future__ import annotations
@@ -35,12 +49,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from evalbeam.transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
-from evalbeam.transforms.kernels.ranking import ScoreHistogram, counts_at_thresholds, roc_auc
+from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap
+from evalbeam.transforms.kernels.calibration import (BINNINGS, CALIBRATION_TYPES, DEFAULT_BINS,
+                                                     CalibrationConfig, CalibrationKeyState,
+                                                     calibration_records, match_calibration)
+from evalbeam.transforms.kernels.ranking import (ReplicateHistogram, ScoreHistogram,
+                                                 counts_at_thresholds, replicate_roc_auc,
+                                                 roc_auc, roc_bins, score_bins)
 
+# The metric types computed by default (and before calibration existed).
 METRIC_TYPES = (
     "Counts", "Precision", "Recall", "F1", "Accuracy", "ROCAUC", "mROCAUC",
     "PrecisionRecallCurve", "ConfusionMatrix", "DetailedPrecisionRecallCurve",
 )
+# Every type --metrics accepts, in metrics.jsonl's order: the calibration types
+# (kernels.calibration) are computed only when asked for, so default outputs stay as they were.
+ALL_METRIC_TYPES = METRIC_TYPES + CALIBRATION_TYPES
 DEFAULT_PR_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 # Order of the categories of DetailedPrecisionRecallCurve counts (last axis of KeyState.detailed).
 DETAILED = ("tp", "fp_misclassification", "fp_hallucination", "fn_misclassification",
@@ -60,7 +84,12 @@ class ClassificationConfig:
     model together); None derives it from STATE_BUDGET_BYTES (value_limit). A key beyond it is
     not evaluated (its dense arrays would not fit) and the run says so.
     max_labels_per_row: the most labels one row may hold; None means value_limit, so that no
-    single row can by itself push a key beyond its bound. A longer row is rejected."""
+    single row can by itself push a key beyond its bound. A longer row is rejected.
+    calibration_bins: B of the calibration metrics (ECE, MCE, ReliabilityDiagram,
+    ClasswiseReliabilityDiagram; computed only when metrics holds some of CALIBRATION_TYPES).
+    bootstrap: the kernels.bootstrap.Bootstrap whose replicates the calibration state keeps
+    (its equal-mass replicates redraw the weights from the datum hashes at the records step);
+    None: none. The other metrics' replicates follow the weights given to match_key."""
 
     score_thresholds: tuple[float, ...] = (0.0,)
     hardmax: bool = True
@@ -69,6 +98,8 @@ class ClassificationConfig:
     metrics: frozenset[str] = frozenset(METRIC_TYPES)
     max_label_values: int | None = None
     max_labels_per_row: int | None = None
+    calibration_bins: int = DEFAULT_BINS
+    bootstrap: Bootstrap | None = None
 
     def __post_init__(self):
         # Kernels rely on ascending, distinct thresholds.
@@ -87,18 +118,31 @@ class ClassificationConfig:
     def needs_detailed(self) -> bool:
         return "DetailedPrecisionRecallCurve" in self.metrics
 
+    @property
+    def calibration(self) -> CalibrationConfig | None:
+        """The calibration kernel's configuration, None when no calibration type is asked."""
+        wanted = self.metrics & set(CALIBRATION_TYPES)
+        if not wanted:
+            return None
+        bootstrap = self.bootstrap if self.bootstrap is not None and self.bootstrap.enabled else None
+        return CalibrationConfig(self.calibration_bins, BINNINGS, wanted, bootstrap)
+
     def state_bytes(self, n_values: int) -> int:
         """Bytes of the dense arrays of one KeyState of n_values values V, with T score
         thresholds and P curve thresholds (int64 counts): n_gt and n_pred 2V; tp and fp 2TV; the
         confusion matrix T(V+1)^2 (ConfusionMatrix); the detailed curve 5PV
         (DetailedPrecisionRecallCurve). match_key allocates about as much again while it counts
-        one shard. Score histograms grow with the prediction entries, not with V."""
+        one shard. Score histograms grow with the prediction entries, not with V. With
+    ClasswiseReliabilityDiagram, 8 V B more (B calibration bins)."""
         V, T, P = n_values, len(self.score_thresholds), len(self.pr_curve_thresholds)
         cells = 2 * V + 2 * T * V
         if self.needs_confusion:
             cells += T * (V + 1) ** 2
         if self.needs_detailed:
             cells += len(DETAILED) * P * V
+        if "ClasswiseReliabilityDiagram" in self.metrics:
+            # the classwise equal-width cells: V B cells of (2 + 3 b) int64, b ~ 2 bands
+            cells += 8 * V * self.calibration_bins
         return 8 * cells
 
     @property
@@ -144,6 +188,8 @@ class KeyState:
     cm_examples: ExampleSet | None = None
     detailed: np.ndarray | None = None
     detailed_examples: ExampleSet | None = None
+    replicates: "ReplicateState | None" = None
+    calibration: CalibrationKeyState | None = None
 
     def copy(self) -> "KeyState":
         """A copy whose arrays can be added to without touching self (example sets and
@@ -152,7 +198,8 @@ class KeyState:
             self.n_values, self.n_pop, self.n_gt.copy(), self.n_pred.copy(), self.tp.copy(),
             self.fp.copy(), list(self.hist_parts), None if self.cm is None else self.cm.copy(),
             self.cm_examples, None if self.detailed is None else self.detailed.copy(),
-            self.detailed_examples)
+            self.detailed_examples, None if self.replicates is None else self.replicates.copy(),
+            None if self.calibration is None else self.calibration.copy())
 
     def merge(self, other: "KeyState", config: ClassificationConfig) -> "KeyState":
         """Add other into self (same key, same vocabulary) and return self."""
@@ -173,6 +220,12 @@ class KeyState:
             self.detailed += other.detailed
             self.detailed_examples = ExampleSet.concat(
                 [self.detailed_examples, other.detailed_examples]).reduce(config.max_examples)
+        if (self.replicates is None) != (other.replicates is None):
+            raise ValueError("cannot merge a state with bootstrap replicates and one without")
+        if self.replicates is not None:
+            self.replicates.merge(other.replicates)
+        if self.calibration is not None:
+            self.calibration.merge(other.calibration)
         return self
 
     def _maybe_compact(self) -> None:
@@ -187,7 +240,167 @@ class KeyState:
     def compact(self) -> ScoreHistogram:
         hist = ScoreHistogram.merge(self.hist_parts)
         self.hist_parts = [hist] if len(hist) else []
+        if self.replicates is not None:
+            self.replicates.compact()
+        if self.calibration is not None:
+            self.calibration.compact()
         return hist
+
+
+@dataclass
+class ReplicateState:
+    """The weighted counts of R Poisson bootstrap replicates of one label key (V values, T score
+    thresholds): what the scalar metrics need, nothing else (no confusion matrix, curves or
+    examples). In replicate r datum d weighs w[r, d] (kernels.bootstrap), so every count below
+    is the count of the dataset in which datum d appears w[r, d] times.
+
+    n_pop int64[R]; n_gt, n_pred int64[R, V]; tp, fp int64[R, T, V] (as in KeyState);
+    roc_parts: ReplicateHistogram parts (ROCAUC / mROCAUC only; merged lazily) with
+    ranking.roc_bins(V) score bins per value, whose bin 0 of each value also holds the
+    population's datums without an entry for it (score 0)."""
+
+    n_pop: np.ndarray
+    n_gt: np.ndarray
+    n_pred: np.ndarray
+    tp: np.ndarray
+    fp: np.ndarray
+    roc_parts: list[ReplicateHistogram] | None = None
+
+    @property
+    def replicates(self) -> int:
+        return int(self.n_pop.size)
+
+    def copy(self) -> "ReplicateState":
+        # histogram parts are never modified in place, so they are shared
+        return ReplicateState(self.n_pop.copy(), self.n_gt.copy(), self.n_pred.copy(),
+                              self.tp.copy(), self.fp.copy(),
+                              None if self.roc_parts is None else list(self.roc_parts))
+
+    def merge(self, other: "ReplicateState") -> "ReplicateState":
+        """Add other into self (integer sums: exact and order-free) and return self."""
+        if other.n_pop.shape != self.n_pop.shape:
+            raise ValueError("cannot merge states with different numbers of replicates")
+        self.n_pop += other.n_pop
+        self.n_gt += other.n_gt
+        self.n_pred += other.n_pred
+        self.tp += other.tp
+        self.fp += other.fp
+        if self.roc_parts is not None:
+            self.roc_parts.extend(other.roc_parts)
+            sizes = sorted(len(p) for p in self.roc_parts)
+            # same policy as KeyState's score histograms
+            if len(sizes) > 1 and (sum(sizes[:-1]) >= sizes[-1] or len(sizes) > 32):
+                self.compact()
+        return self
+
+    def compact(self) -> ReplicateHistogram | None:
+        if self.roc_parts is None:
+            return None
+        hist = ReplicateHistogram.merge(self.roc_parts) if self.roc_parts else \
+            ReplicateHistogram.empty(self.replicates)
+        self.roc_parts = [hist]
+        return hist
+
+
+def group_weight_sums(weights: np.ndarray, columns: np.ndarray, groups: np.ndarray,
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-group sums of datum weights, for all replicates at once.
+
+    weights uint8[R, n] (replicate x datum); columns int64[m]: the datum of each item; groups
+    int64[m]: its group. Returns (group ids ascending and distinct int64[k], sums int64[R, k]
+    with sums[r, j] = sum of weights[r, columns[i]] over the items i of group j, the item order
+    sorted by group, the start of each group in it). Cost O(R m) plus one sort of m groups."""
+    R = weights.shape[0]
+    if not groups.size:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, np.zeros((R, 0), dtype=np.int64), empty, empty
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    new = np.r_[True, sorted_groups[1:] != sorted_groups[:-1]]
+    starts = np.flatnonzero(new)
+    inverse = np.empty(groups.size, dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    # One weighted bincount per replicate: measured about twice as fast as np.add.reduceat
+    # along the datum axis of the [R, m] gathered weights, and it never holds that copy. The
+    # float64 sums are of small integers, exact up to 2^53, so the int64 result is exact.
+    sums = np.empty((R, starts.size), dtype=np.int64)
+    for r in range(R):
+        sums[r] = np.bincount(inverse, weights=weights[r, columns], minlength=starts.size)
+    return sorted_groups[starts], sums, order, starts
+
+
+def dense_weight_sums(weights: np.ndarray, columns: np.ndarray, groups: np.ndarray,
+                      n_groups: int) -> np.ndarray:
+    """int64[R, n_groups]: group_weight_sums laid out densely (0 for absent groups)."""
+    ids, sums, _, _ = group_weight_sums(weights, columns, groups)
+    out = np.zeros((weights.shape[0], n_groups), dtype=np.int64)
+    out[:, ids] = sums
+    return out
+
+
+def _replicate_state(weights, has_gt, gt_value, entry_datum, entry_value, entry_score, is_match,
+                     level, V, config) -> ReplicateState:
+    """match_key's replicate part: the same counts as the point state, each datum weighed by
+    its column of weights (uint8[R, n], datums in match_key's working order)."""
+    R = weights.shape[0]
+    T = len(config.score_thresholds)
+    pop = np.flatnonzero(has_gt | np.bincount(entry_datum, minlength=has_gt.size).astype(bool))
+    n_pop = weights[:, pop].sum(axis=1, dtype=np.int64)
+    with_gt = np.flatnonzero(has_gt)
+    n_gt = dense_weight_sums(weights, with_gt, gt_value[with_gt].astype(np.int64), V)
+
+    # tp / fp: the entries predicted positive at some threshold, by (match, value, level), then
+    # "level > t" as a reversed cumulative sum over levels
+    live = np.flatnonzero(level > 0)
+    groups = (is_match[live].astype(np.int64) * V + entry_value[live]) * (T + 1) + level[live]
+    counts = dense_weight_sums(weights, entry_datum[live], groups, 2 * V * (T + 1)).reshape(R, 2, V, T + 1)
+    above = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1][..., 1:]       # [R, 2, V, T]
+    fp = np.ascontiguousarray(above[:, 0].transpose(0, 2, 1))
+    tp = np.ascontiguousarray(above[:, 1].transpose(0, 2, 1))
+
+    if not (config.metrics & {"ROCAUC", "mROCAUC"}):
+        n_pred = dense_weight_sums(weights, entry_datum, entry_value.astype(np.int64), V)
+        return ReplicateState(n_pop, n_gt, n_pred, tp, fp)
+
+    # One pass over every entry by (value, score bin, match): it gives n_pred and the histogram.
+    stride = roc_bins(V) + 1
+    bins = entry_value.astype(np.int64) * stride + score_bins(entry_score, stride - 1)
+    ids, sums, order, starts = group_weight_sums(weights, entry_datum, bins * 2 + is_match)
+    n_pred = np.zeros((R, V), dtype=np.int64)
+    matched_sum = np.zeros((R, V), dtype=np.int64)     # weight of entries of v on datums of gt v
+    value_of = ids // (2 * stride)
+    match_of = (ids & 1).astype(bool)
+    for target, pick in ((n_pred, slice(None)), (matched_sum, match_of)):
+        v_ids, v_sums = value_of[pick], sums[:, pick]
+        if v_ids.size:      # ids ascending: each value's groups are contiguous
+            first = np.flatnonzero(np.r_[True, v_ids[1:] != v_ids[:-1]])
+            target[:, v_ids[first]] = np.add.reduceat(v_sums, first, axis=1)
+    sorted_score = entry_score[order]
+    low_of = np.minimum.reduceat(sorted_score, starts) if ids.size else np.zeros(0)
+    high_of = np.maximum.reduceat(sorted_score, starts) if ids.size else np.zeros(0)
+    # Datums of the population without an entry for v score 0 for v: bin 0 of v.
+    pos_absent = n_gt - matched_sum
+    neg_absent = (n_pop[:, None] - n_gt) - (n_pred - matched_sum)
+    # (each datum has at most one entry per value, so the values some datum lacks are these)
+    absent = np.flatnonzero(np.bincount(entry_value, minlength=V) < pop.size)
+    key = np.unique(np.r_[ids // 2, absent * stride])
+    pos = np.zeros((R, key.size), dtype=np.int64)
+    neg = np.zeros((R, key.size), dtype=np.int64)
+    low = np.full(key.size, np.inf)
+    high = np.full(key.size, -np.inf)
+    at = np.searchsorted(key, ids // 2)
+    pos[:, at[match_of]] += sums[:, match_of]
+    neg[:, at[~match_of]] += sums[:, ~match_of]
+    # an (value, bin) key has at most one matching and one non-matching group
+    np.minimum.at(low, at, low_of)
+    np.maximum.at(high, at, high_of)
+    at = np.searchsorted(key, absent * stride)
+    pos[:, at] += pos_absent[:, absent]
+    neg[:, at] += neg_absent[:, absent]
+    low[at] = np.minimum(low[at], 0.0)
+    high[at] = np.maximum(high[at], 0.0)
+    return ReplicateState(n_pop, n_gt, n_pred, tp, fp,
+                          [ReplicateHistogram(key, pos, neg, low, high)])
 
 
 
@@ -270,13 +483,17 @@ def counts_from(groups: np.ndarray, start_levels: np.ndarray, n_groups: int, n_t
 
 def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
               entry_datum: np.ndarray, entry_value: np.ndarray, entry_score: np.ndarray,
-              n_values: int, config: ClassificationConfig) -> KeyState:
+              n_values: int, config: ClassificationConfig,
+              weights: np.ndarray | None = None) -> KeyState:
     """Partial state of one label key over one shard (or one slice of a shard).
 
     gt_value int32[n]: ground-truth value index of each datum, -1 when it has none for this key.
     datum_hash uint64[n]; datum_uid (Arrow or numpy, length n), read only for chosen examples.
     entry_datum int64[m], entry_value int32[m], entry_score float64[m]: the model's prediction
     entries for this key (at most one per (datum, value)), in any order.
+    weights: None, or uint8[R, n] bootstrap weights of the datums (Bootstrap.weights of the
+    FNV-1a hashes of their datum_uids, i.e. of datum_hash): the state then also carries a
+    ReplicateState (O(R (n + m)) more work).
     Work is O(n + m) per threshold-independent step and O(m log m) for the histogram.
     """
     n, V = gt_value.size, n_values
@@ -315,6 +532,18 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     tp = counts_above(entry_value[is_match], level[is_match], V, T)
     fp = counts_above(entry_value[~is_match], level[~is_match], V, T)
     state = KeyState(V, n_pop, n_gt, n_pred, tp, fp)
+    if weights is not None:
+        if weights.ndim != 2 or weights.shape[1] != n:
+            raise ValueError(f"weights must be [R, {n}], not {weights.shape}")
+        state.replicates = _replicate_state(weights[:, order], has_gt, gt_value, entry_datum,
+                                            entry_value, entry_score, is_match, level, V, config)
+    calibration = config.calibration
+    if calibration is not None:
+        if calibration.bootstrap is not None and weights is None:
+            raise ValueError("config.bootstrap has replicates: pass match_key their weights")
+        state.calibration = match_calibration(
+            gt_value, datum_hash, entry_datum, entry_value, entry_score, V, calibration,
+            None if calibration.bootstrap is None else weights[:, order])
 
     if config.needs_confusion:
         cells_n = (V + 1) ** 2
@@ -354,6 +583,29 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
             gt_value, has_gt, entry_datum, entry_value, entry_score, entry_gt, is_match, V,
             config, examples)
     return state
+
+
+def datum_correct(gt_value: np.ndarray, entry_datum: np.ndarray, entry_value: np.ndarray,
+                  entry_score: np.ndarray, config: ClassificationConfig) -> np.ndarray:
+    """bool[T, n]: whether each datum counts as correct in Accuracy at each score threshold
+    (the per-datum outcomes behind Accuracy, for McNemar's test): it has a ground-truth value
+    for the key and that value is predicted positive at the threshold (with hardmax: it is also
+    the datum's top-scoring value). A datum without a ground truth or without a prediction is
+    never correct. Inputs as match_key's, datums in the caller's order; sum over datums of
+    correct[t] = sum_v tp[t, v]."""
+    n = gt_value.size
+    thresholds = np.asarray(config.score_thresholds, dtype=np.float64)
+    if not entry_datum.size:
+        return np.zeros((thresholds.size, n), dtype=bool)
+    e_order = np.argsort(entry_datum, kind="stable")    # winners() needs entries by datum
+    entry_datum, entry_value, entry_score = entry_datum[e_order], entry_value[e_order], entry_score[e_order]
+    level = levels(entry_score, thresholds)
+    if config.hardmax:
+        level[~winners(entry_datum, entry_value, entry_score)] = 0
+    is_match = entry_value == gt_value[entry_datum]
+    reached = np.zeros(n, dtype=np.int64)
+    reached[entry_datum[is_match]] = level[is_match]
+    return reached[None, :] > np.arange(thresholds.size)[:, None]
 
 
 def _detailed(gt_value, has_gt, entry_datum, entry_value, entry_score, entry_gt, is_match, V,
@@ -425,6 +677,50 @@ def _example(uid: str, score: float) -> dict:
     return {"datum_uid": uid} if np.isnan(score) else {"datum_uid": uid, "score": score}
 
 
+def _nest(moved: np.ndarray):
+    """An array whose last axis is the replicate -> nested lists of [R] floats, None for NaN."""
+    if moved.ndim == 1:
+        return [None if x != x else x for x in moved.tolist()]
+    return [_nest(part) for part in moved]
+
+
+def _replicate_values(reps: ReplicateState, config: ClassificationConfig) -> dict:
+    """The scalar metrics of every replicate, with the point formulas on the weighted counts:
+    {"Precision" | "Recall" | "F1": [t][v] -> [R] values, "Accuracy": [t] -> [R],
+    "ROCAUC": {v: [R]}, "mROCAUC": [R]}; None where the replicate's dataset has no such record
+    (no datum of the key, or no datum with or predicted as the value, as state_records leaves
+    a value out of a state that has none) or the metric is undefined (ROC AUC without positive
+    or negative weight)."""
+    R = reps.replicates
+    tp, fp = reps.tp, reps.fp                                 # [R, T, V]
+    n_gt = reps.n_gt[:, None, :]
+    keyed = (reps.n_pop > 0)                                   # [R]
+    present = ((reps.n_gt > 0) | (reps.n_pred > 0)) & keyed[:, None]   # [R, V]
+    shown = np.broadcast_to(present[:, None, :], tp.shape)
+    out = {
+        "Precision": _nest(np.moveaxis(np.where(shown, _ratio(tp, tp + fp), np.nan), 0, -1)),
+        "Recall": _nest(np.moveaxis(np.where(shown, _ratio(tp, n_gt), np.nan), 0, -1)),
+        "F1": _nest(np.moveaxis(np.where(shown, _ratio(2 * tp, tp + fp + n_gt), np.nan), 0, -1)),
+        "Accuracy": _nest(np.moveaxis(np.where(keyed[:, None], _ratio(
+            tp.sum(axis=2), reps.n_gt.sum(axis=1)[:, None]), np.nan), 0, -1)),
+    }
+    hist = reps.compact()
+    if hist is not None:
+        V = reps.n_gt.shape[1]
+        aucs = np.full((R, V), np.nan)
+        for v in np.flatnonzero(present.any(axis=0)):
+            aucs[:, v] = replicate_roc_auc(*hist.segment(int(v), roc_bins(V)))[0]
+        aucs[~present] = np.nan
+        out["ROCAUC"] = {v: _nest(aucs[:, v]) for v in range(V)}
+        defined = np.isfinite(aucs)
+        count = defined.sum(axis=1)
+        # mean over the defined values (the point value is np.mean of a list; this row sum may
+        # add in another order, which changes the last bits at most)
+        total = np.where(defined, aucs, 0.0).sum(axis=1)
+        out["mROCAUC"] = _nest(np.where(count > 0, total / np.maximum(count, 1), np.nan))
+    return out
+
+
 def key_metrics(state: KeyState, key: str, vocabulary: list[str],
                 config: ClassificationConfig) -> list[dict]:
     """Metric records ({"type", "value", "parameters"}) of one label key from its merged state.
@@ -440,6 +736,9 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
     recall = _ratio(tp, state.n_gt[None, :])
     f1 = _ratio(2 * tp, 2 * tp + fp + fn)
     n_with_gt = int(state.n_gt.sum())
+    reps = _replicate_values(state.replicates, config) if state.replicates is not None else None
+    # proportions over datums: successes and trials of Precision, Recall and Accuracy
+    trials = {"Precision": tp + fp, "Recall": np.broadcast_to(state.n_gt[None, :], tp.shape)}
     for t, threshold in enumerate(config.score_thresholds):
         for v in present:
             params = {"label": {"key": key, "value": vocabulary[v]},
@@ -451,10 +750,17 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
             for name, values in (("Precision", precision), ("Recall", recall), ("F1", f1)):
                 if name in wanted:
                     records.append({"type": name, "parameters": params, "value": float(values[t, v])})
+                    if reps is not None:
+                        records[-1][REPLICATES] = reps[name][t][v]
+                        if name in trials:
+                            records[-1][PROPORTION] = [int(tp[t, v]), int(trials[name][t, v])]
         if "Accuracy" in wanted:
             records.append({"type": "Accuracy", "value": float(_ratio(tp[t].sum(), n_with_gt)),
                             "parameters": {"label_key": key, "score_threshold": threshold,
                                            "hardmax": config.hardmax}})
+            if reps is not None:
+                records[-1][REPLICATES] = reps["Accuracy"][t]
+                records[-1][PROPORTION] = [int(tp[t].sum()), n_with_gt]
 
     hist = state.compact() if config.needs_histogram else None
     if hist is not None:
@@ -480,10 +786,14 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
             for v in present:
                 records.append({"type": "ROCAUC", "value": aucs[v],
                                 "parameters": {"label": {"key": key, "value": vocabulary[v]}}})
+                if reps is not None and aucs[v] is not None:
+                    records[-1][REPLICATES] = reps["ROCAUC"][v]
         if "mROCAUC" in wanted:
             defined = [a for a in aucs.values() if a is not None]
             records.append({"type": "mROCAUC", "value": float(np.mean(defined)) if defined else None,
                             "parameters": {"label_key": key}})
+            if reps is not None and defined:
+                records[-1][REPLICATES] = reps["mROCAUC"]
         if "PrecisionRecallCurve" in wanted:
             records.append({"type": "PrecisionRecallCurve", "value": curve,
                             "parameters": {"label_key": key}})
@@ -501,6 +811,8 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
         records.append({"type": "DetailedPrecisionRecallCurve",
                         "value": _detailed_value(state, present, vocabulary, config),
                         "parameters": {"label_key": key, "max_examples": config.max_examples}})
+    if state.calibration is not None:
+        records.extend(calibration_records(state.calibration, key, vocabulary, config.calibration))
     return records
 
 
