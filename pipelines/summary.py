@@ -14,6 +14,16 @@ def printable(text) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
+def metric_records(metrics_path: str, comparisons: bool = False):
+    """The records of metrics.jsonl: the task's own (comparisons=False) or only the Comparison
+    records of --compare_to (comparisons=True)."""
+    with FileSystems.open(metrics_path) as stream:
+        for line in stream:
+            record = json.loads(line)
+            if (record["type"] == "Comparison") == comparisons:
+                yield record
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
@@ -38,21 +48,19 @@ def classification_summary(metrics_path: str, counts: dict, config) -> str:
     unknown and the mean covers every value with a record; a note under the table says so."""
     threshold = config.score_thresholds[0]
     table: dict[tuple, dict] = {}
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            params = record["parameters"]
-            if params.get("score_threshold", threshold) != threshold:
-                continue
-            label = params.get("label") or {}
-            key = params.get("label_key") or label.get("key")
-            row = table.setdefault((record["model"], json.dumps(record["slice"]), key),
-                                   {"values": {}})
-            kind = record["type"]
-            if kind in ("Precision", "Recall", "F1", "Counts"):
-                row["values"].setdefault(label.get("value"), {})[kind] = record["value"]
-            elif kind in ("Accuracy", "mROCAUC"):
-                row[kind] = record["value"]
+    for record in metric_records(metrics_path):
+        params = record["parameters"]
+        if params.get("score_threshold", threshold) != threshold:
+            continue
+        label = params.get("label") or {}
+        key = params.get("label_key") or label.get("key")
+        row = table.setdefault((record["model"], json.dumps(record["slice"]), key),
+                               {"values": {}})
+        kind = record["type"]
+        if kind in ("Precision", "Recall", "F1", "Counts"):
+            row["values"].setdefault(label.get("value"), {})[kind] = record["value"]
+        elif kind in ("Accuracy", "mROCAUC"):
+            row[kind] = record["value"]
     rows, unknown_presence = [], False
     for (model, slice_text, key), row in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1] != "{}", kv[0][1], kv[0][2])):
         values = list(row["values"].values())
@@ -90,17 +98,15 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
     precision = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge")
     recall = ("AR1", "AR10", "AR100", "ARsmall", "ARmedium", "ARlarge")
     rows, valor = [], []
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            if record["type"] == "mAPAveragedOverIOUs":
-                valor.append(record)
-            if record["type"] != "COCOSummary":
-                continue
-            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
-            if "bound" in record["parameters"]:
-                where += f" [{record['parameters']['bound']} bound]"
-            rows.append(([record["model"], where], record["value"]))
+    for record in metric_records(metrics_path):
+        if record["type"] == "mAPAveragedOverIOUs":
+            valor.append(record)
+        if record["type"] != "COCOSummary":
+            continue
+        where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+        if "bound" in record["parameters"]:
+            where += f" [{record['parameters']['bound']} bound]"
+        rows.append(([record["model"], where], record["value"]))
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
                     [[name, f"{c['rows_read']:,}", f"{c['rows_evaluated']:,}", f"{c['rows_rejected']:,}"]
                      for name, c in counts.items()])
@@ -125,12 +131,10 @@ def detection_summary(metrics_path: str, counts: dict) -> str:
 def segmentation_summary(metrics_path: str, counts: dict) -> str:
     """One row per (model, slice): mIOU and pixel accuracy."""
     found: dict = {}
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            if record["type"] in ("mIOU", "Accuracy"):
-                where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
-                found.setdefault((record["model"], where), {})[record["type"]] = record["value"]
+    for record in metric_records(metrics_path):
+        if record["type"] in ("mIOU", "Accuracy"):
+            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+            found.setdefault((record["model"], where), {})[record["type"]] = record["value"]
     rows = [[model, where, f"{v.get('mIOU', 0):.4f}", f"{v.get('Accuracy', 0):.4f}"]
             for (model, where), v in found.items()]
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
@@ -144,26 +148,24 @@ def text_summary(metrics_path: str, counts: dict) -> str:
     then one row per judge metric: mean over the datums judged ok, ok/all, other statuses."""
     found: dict = {}
     judged: list = []
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
-            cells = found.setdefault((record["model"], where), {})
-            kind, value = record["type"], record["value"]
-            if "counts" in record:   # a judge metric: one line each, below
-                name = kind + (f" ({record['parameters']['template']})" if "template" in record["parameters"] else "")
-                n = sum(record["counts"].values())
-                others = ", ".join(f"{k} {v}" for k, v in record["counts"].items() if k != "ok")
-                judged.append([record["model"], where, name, "" if value is None else f"{value:.4f}",
-                               f"{record['counts'].get('ok', 0)}/{n}", others])
-            elif kind == "ROUGE" and record["parameters"].get("rouge_type") == "rougeL":
-                cells["ROUGE-L F"] = f"{value['fmeasure']:.4f}"
-            elif kind == "BLEU":
-                cells["BLEU"] = f"{value:.4f}"
-            elif kind == "CorpusBLEU":
-                cells["corpus BLEU"] = f"{value['score']:.2f}"
-            elif isinstance(value, dict) and "pass" in value:
-                cells[f"{kind} pass"] = f"{value['pass']:.3f}"
+    for record in metric_records(metrics_path):
+        where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+        cells = found.setdefault((record["model"], where), {})
+        kind, value = record["type"], record["value"]
+        if "counts" in record:   # a judge metric: one line each, below
+            name = kind + (f" ({record['parameters']['template']})" if "template" in record["parameters"] else "")
+            n = sum(record["counts"].values())
+            others = ", ".join(f"{k} {v}" for k, v in record["counts"].items() if k != "ok")
+            judged.append([record["model"], where, name, "" if value is None else f"{value:.4f}",
+                           f"{record['counts'].get('ok', 0)}/{n}", others])
+        elif kind == "ROUGE" and record["parameters"].get("rouge_type") == "rougeL":
+            cells["ROUGE-L F"] = f"{value['fmeasure']:.4f}"
+        elif kind == "BLEU":
+            cells["BLEU"] = f"{value:.4f}"
+        elif kind == "CorpusBLEU":
+            cells["corpus BLEU"] = f"{value['score']:.2f}"
+        elif isinstance(value, dict) and "pass" in value:
+            cells[f"{kind} pass"] = f"{value['pass']:.3f}"
     columns = sorted({c for cells in found.values() for c in cells})
     rows = [[model, where] + [cells.get(c, "") for c in columns] for (model, where), cells in found.items()]
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
@@ -180,15 +182,13 @@ def retrieval_summary(metrics_path: str, counts: dict) -> str:
     wanted = {("Queries", None): "queries", ("MAP", None): "MAP", ("MRR", None): "MRR",
               ("Precision", 10): "P@10", ("NDCG", 10): "NDCG@10", ("NDCG", None): "NDCG"}
     found: dict = {}
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            name = wanted.get((record["type"], record["parameters"].get("k")))
-            if name:
-                where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
-                value = record["value"]
-                found.setdefault((record["model"], where), {})[name] = (
-                    f"{value:,}" if name == "queries" else f"{value:.4f}")
+    for record in metric_records(metrics_path):
+        name = wanted.get((record["type"], record["parameters"].get("k")))
+        if name:
+            where = ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)"
+            value = record["value"]
+            found.setdefault((record["model"], where), {})[name] = (
+                f"{value:,}" if name == "queries" else f"{value:.4f}")
     columns = [c for c in wanted.values() if any(c in cells for cells in found.values())]
     rows = [[model, where] + [cells.get(c, "") for c in columns] for (model, where), cells in found.items()]
     inputs = _table(["source", "rows read", "evaluated", "rejected"],
@@ -200,26 +200,24 @@ def retrieval_summary(metrics_path: str, counts: dict) -> str:
 def _brief(parameters: dict) -> str:
     """The parameters of a compared record in one short cell (label, threshold, k, ...)."""
     parts = []
-    for key, value in sorted(parameters.items()):
+    # the compared statistic first: it is what tells two rows of one record apart
+    first = ("field", "label", "label_key", "k", "iou_threshold", "score_threshold")
+    for key, value in sorted(parameters.items(),
+                             key=lambda kv: (first.index(kv[0]) if kv[0] in first else len(first), kv[0])):
         if isinstance(value, dict):
             value = "/".join(str(v) for v in value.values())
         elif isinstance(value, list):
             continue
         parts.append(f"{key}={value}")
     text = ", ".join(parts)
-    return text if len(text) <= 48 else text[:45] + "..."
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def comparison_summary(metrics_path: str, shown: int = 15) -> str:
     """The Comparison records of a run (--compare_to): how many there are, how many have a
     Benjamini-Hochberg adjusted p-value under 0.05, and the `shown` smallest adjusted p-values
     as a table (difference, its interval, p, adjusted p, the datums a model lacks)."""
-    found = []
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            if record["type"] == "Comparison":
-                found.append(record)
+    found = list(metric_records(metrics_path, comparisons=True))
     if not found:
         return "No comparisons: no scalar metric was computed for both models."
     baseline = found[0]["parameters"]["baseline"]
@@ -228,7 +226,7 @@ def comparison_summary(metrics_path: str, shown: int = 15) -> str:
         value = record["comparison"].get("p_value_adjusted")
         return 2.0 if value is None else value
 
-    found.sort(key=lambda r: (q(r), r["model"], json.dumps(r["slice"], sort_keys=True),
+    found.sort(key=lambda r: (q(r), r["model"], len(r["slice"]), json.dumps(r["slice"], sort_keys=True),
                               r["parameters"]["metric"], json.dumps(r["parameters"], sort_keys=True)))
     significant = sum(1 for r in found if q(r) < 0.05)
     rows = []
@@ -236,7 +234,8 @@ def comparison_summary(metrics_path: str, shown: int = 15) -> str:
         interval, comparison = record.get("interval") or {}, record["comparison"]
         lacks = comparison.get("model_lacks", 0) + comparison.get("baseline_lacks", 0)
         span = "-" if interval.get("low") is None else f"[{interval['low']:+.4f}, {interval['high']:+.4f}]"
-        rows.append([record["model"], json.dumps(record["slice"], sort_keys=True, ensure_ascii=False),
+        rows.append([record["model"],
+                     ", ".join(f"{k}={v}" for k, v in record["slice"].items()) or "(all)",
                      record["parameters"]["metric"], _brief(record["parameters"]["metric_parameters"]),
                      f"{record['value']:+.4f}", span,
                      "-" if comparison["p_value"] is None else f"{comparison['p_value']:.3g}",

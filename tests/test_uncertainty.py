@@ -344,3 +344,49 @@ def test_records_with_object_values_get_one_interval_and_comparison_per_field(tm
     assert comparisons["pass"]["value"] == 0.5
     assert comparisons["pass"]["interval"]["low"] == np.percentile([0.5, 0.75, 0.25, 0.5], 25)
     assert comparisons["fail"]["comparison"]["p_value"] == bootstrap_p_value([-0.5, -0.75, -0.25, -0.5])
+
+
+def test_comparisons_come_last_in_the_order_of_their_records():
+    from evalbeam.transforms.retrieval import record_sort_key
+    from evalbeam.transforms.uncertainty import with_comparisons_last
+
+    def comparison(k, slice_value, field=None):
+        params = {"k": k} if field is None else {"k": k, "field": field}
+        return {"type": "Comparison", "value": 0.0, "model": "b", "slice": slice_value,
+                "parameters": {"metric": "DCG", "metric_parameters": params, "baseline": "a"}}
+
+    records = [comparison(1000, {}), comparison(10, {"kind": "x"}), comparison(100, {}),
+               comparison(10, {}), {"type": "DCG", "value": 1.0, "parameters": {"k": 10},
+                                    "model": "b", "slice": {}}]
+    ordered = sorted(records, key=with_comparisons_last(record_sort_key))
+    assert ordered[0]["type"] == "DCG"
+    assert [(r["parameters"]["metric_parameters"]["k"], r["slice"]) for r in ordered[1:]] == \
+        [(10, {}), (100, {}), (1000, {}), (10, {"kind": "x"})]
+
+
+@pytest.mark.parametrize("task, args", [
+    ("classification", ["--groundtruths", "classification/groundtruths.jsonl",
+                        "--predictions", "a=classification/model_a.jsonl",
+                        "--predictions", "b=classification/model_b.jsonl",
+                        "--max_rejected_fraction", "0.1"]),
+    ("retrieval", ["--groundtruths", "retrieval/qrels.jsonl", "--predictions", "a=retrieval/run_a.jsonl",
+                   "--predictions", "b=retrieval/run_b.jsonl", "--max_rejected_fraction", "0.1"]),
+])
+def test_the_printed_summary_shows_intervals_and_comparisons(tmp_path, task, args):
+    """Not --quiet: the task's table ignores the Comparison records, and a table of the
+    comparisons follows (this once failed after the outputs were published)."""
+    from helpers import ROOT, run_cli_subprocess
+
+    inputs = ROOT / "tests" / "golden" / "inputs"
+    args = [str(inputs / a) if a.endswith(".jsonl") and "=" not in a else
+            (a.split("=")[0] + "=" + str(inputs / a.split("=")[1]) if a.endswith(".jsonl") else a)
+            for a in args]
+    done = run_cli_subprocess([task, *args, "--output", tmp_path / "out", "--bootstrap", "50",
+                               "--compare_to", "a"])
+    assert done.returncode == 0, done.stderr
+    assert "Intervals: every scalar metric in metrics.jsonl has an \"interval\" (95%, 50" in done.stdout
+    assert "Comparisons with a: " in done.stdout and "adjusted p" in done.stdout
+    records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl", encoding="utf-8")]
+    kinds = [r["type"] == "Comparison" for r in records]
+    assert any(kinds) and kinds == sorted(kinds)        # the comparisons come last
+    assert all(r["model"] == "b" for r in records if r["type"] == "Comparison")

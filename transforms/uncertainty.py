@@ -222,23 +222,26 @@ class Uncertainty(beam.PTransform):
         return (finished, comparisons) | "WithComparisons" >> beam.Flatten()
 
 
-def comparison_sort_key(record: dict):
-    """Comparison records after the task's own records of the same model: model, slice, metric,
-    parameters."""
-    params = record["parameters"]
-    return (record["model"], len(record["slice"]), canonical_json(record["slice"]),
-            params["metric"], canonical_json(params["metric_parameters"]))
+def compared_record(record: dict) -> dict:
+    """The record a Comparison compares, as far as ordering needs it: its type, parameters
+    (without the compared "field"), model and slice."""
+    params = {k: v for k, v in record["parameters"]["metric_parameters"].items() if k != "field"}
+    return {"type": record["parameters"]["metric"], "value": None, "parameters": params,
+            "model": record["model"], "slice": record["slice"]}
 
 
 def _ordered(task_key, record: dict):
     if record["type"] == COMPARISON:
-        return (1, comparison_sort_key(record))
+        params = record["parameters"]["metric_parameters"]
+        return (1, task_key(compared_record(record)), str(params.get("field", "")),
+                canonical_json(params))
     return (0, task_key(record))
 
 
 def with_comparisons_last(task_key):
     """The order of metrics.jsonl: the task's records in task_key's order, then the Comparison
-    records in comparison_sort_key's order (picklable)."""
+    records in the order task_key gives the records they compare (then by field), so a
+    Comparison sits where its record would (picklable)."""
     import functools
 
     return functools.partial(_ordered, task_key)
