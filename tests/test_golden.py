@@ -73,7 +73,8 @@ def compare(name: str, got: dict) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["classification", "detection_bbox", "segmentation", "text", "retrieval"])
+@pytest.mark.parametrize("name", ["classification", "detection_bbox", "segmentation", "text", "retrieval",
+                                  "classification_bootstrap", "text_bootstrap"])
 def test_multi_process_runner_writes_the_golden_bytes(tmp_path, name):
     """The same cases on two worker processes: the same files, byte for byte."""
     compare(name, run_case(name, str(tmp_path), extra=tuple(MULTIPROCESS)))

@@ -28,6 +28,13 @@ CASES = {
         "--predictions", "model_a={in}/classification/model_a.jsonl",
         "--predictions", "model_b={in}/classification/model_b.jsonl",
         "--slice", "region", "--score_thresholds", "0.0,0.5", "--max_rejected_fraction", "0.01"],
+    "classification_bootstrap": [
+        "classification", "--groundtruths", "{in}/classification/groundtruths.jsonl",
+        "--predictions", "model_a={in}/classification/model_a.jsonl",
+        "--predictions", "model_b={in}/classification/model_b.jsonl",
+        "--slice", "region", "--max_rejected_fraction", "0.01", "--calibration_bins", "5",
+        "--metrics", "Counts,Precision,Recall,F1,Accuracy,ROCAUC,mROCAUC,ECE,MCE,BrierScore,ReliabilityDiagram",
+        "--bootstrap", "20", "--bootstrap_seed", "16", "--compare_to", "model_a"],
     "classification_wrong_task": [
         "classification", "--groundtruths", "{in}/classification/groundtruths.jsonl",
         "--predictions", "text={in}/text/good.jsonl"],
@@ -35,6 +42,10 @@ CASES = {
         "detection", "--groundtruths", "{in}/detection/groundtruths.jsonl",
         "--predictions", "good={in}/detection/good.jsonl", "--predictions", "weak={in}/detection/weak.jsonl",
         "--slice", "camera", "--max_rejected_fraction", "0.2"],
+    "detection_bootstrap": [
+        "detection", "--groundtruths", "{in}/detection/groundtruths.jsonl",
+        "--predictions", "good={in}/detection/good.jsonl", "--predictions", "weak={in}/detection/weak.jsonl",
+        "--max_rejected_fraction", "0.2", "--protocol", "coco", "--bootstrap", "20", "--compare_to", "good"],
     "detection_valor": [
         "detection", "--groundtruths", "{in}/detection/groundtruths.jsonl",
         "--predictions", "good={in}/detection/good.jsonl", "--protocol", "valor",
@@ -50,6 +61,15 @@ CASES = {
         "--predictions", "good={in}/segmentation/good.jsonl",
         "--predictions", "noisy={in}/segmentation/noisy.jsonl", "--slice", "site",
         "--max_rejected_fraction", "0.2"],
+    "segmentation_bootstrap": [
+        "segmentation", "--groundtruths", "{in}/segmentation/groundtruths.jsonl",
+        "--predictions", "good={in}/segmentation/good.jsonl",
+        "--predictions", "noisy={in}/segmentation/noisy.jsonl",
+        "--max_rejected_fraction", "0.2", "--bootstrap", "20", "--compare_to", "good"],
+    "text_bootstrap": [
+        "text", "--groundtruths", "{in}/text/groundtruths.jsonl",
+        "--predictions", "good={in}/text/good.jsonl", "--predictions", "bad={in}/text/bad.jsonl",
+        "--max_rejected_fraction", "0.1", "--bootstrap", "20", "--compare_to", "good"],
     "text": [
         "text", "--groundtruths", "{in}/text/groundtruths.jsonl",
         "--predictions", "good={in}/text/good.jsonl", "--predictions", "bad={in}/text/bad.jsonl",
@@ -59,6 +79,10 @@ CASES = {
         "--predictions", "alpha={in}/text/rag/alpha.jsonl", "--metrics", "all",
         "--judge_url", "{judge}", "--judge_rpm", "100000", "--judge_concurrency", "8",
         "--judge_journal", "{out}/journal"],
+    "retrieval_bootstrap": [
+        "retrieval", "--groundtruths", "{in}/retrieval/qrels.jsonl",
+        "--predictions", "a={in}/retrieval/run_a.jsonl", "--predictions", "b={in}/retrieval/run_b.jsonl",
+        "--max_rejected_fraction", "0.1", "--bootstrap", "20", "--compare_to", "a"],
     "retrieval": [
         "retrieval", "--groundtruths", "{in}/retrieval/qrels.jsonl",
         "--predictions", "a={in}/retrieval/run_a.jsonl", "--predictions", "b={in}/retrieval/run_b.jsonl",
