@@ -142,9 +142,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
-def default_num_shards(total_bytes: int) -> int:
-    """About one shard per 64 MiB of input, at least 2 (so two workers have work), at most 256."""
-    return max(2, min(256, -(-total_bytes // (64 << 20))))
+def default_num_shards(total_bytes: int, replicates: int = 0) -> int:
+    """About one shard per 64 MiB of input, at least 2 (so two workers have work), at most 256.
+    With more than 100 bootstrap replicates, proportionally more: a shard holds one weight
+    byte per datum and replicate while it is matched, so this keeps that memory about what
+    --bootstrap 100 costs (about 100 MB for a 64 MiB shard of short rows)."""
+    scaled = total_bytes * max(1.0, replicates / 100.0)
+    return max(2, min(256, -(-int(scaled) // (64 << 20))))
 
 
 
@@ -248,7 +252,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
 
     total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
                       for path in _inputs_of(sources))
-    num_shards = args.num_shards or max(spec.min_shards, default_num_shards(total_bytes))
+    num_shards = args.num_shards or max(spec.min_shards, default_num_shards(total_bytes, args.uncertainty.replicates))
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # multi-process and remote workers log at INFO by default; keep stderr for progress
         beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]

@@ -57,3 +57,13 @@ def test_run_returns_2_and_one_line_for_a_bad_command_line(capsys):
     assert spec_of("detection").run(BASE + ["--num_shards", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "evalbeam: error: --num_shards must be 1 or more\n"
+
+
+def test_many_replicates_mean_more_default_shards():
+    from evalbeam.pipelines.launcher import default_num_shards
+
+    mib = 1 << 20
+    assert default_num_shards(10 * mib) == 2
+    assert default_num_shards(640 * mib) == default_num_shards(640 * mib, 100) == 10
+    assert default_num_shards(640 * mib, 1000) == 100
+    assert default_num_shards(640 * mib, 10_000) == 256
