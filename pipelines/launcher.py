@@ -312,7 +312,9 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         if args.uncertainty.enabled:
             print(f"\nIntervals: every scalar metric in metrics.jsonl has an \"interval\" "
                   f"({args.confidence:.0%}, {args.uncertainty.replicates:,} Poisson bootstrap "
-                  f"replicates, seed {args.bootstrap_seed}); see pipelines/uncertainty.md.")
+                  f"replicates, seed {args.bootstrap_seed}); see pipelines/uncertainty.md."
+                  + (" With so few replicates the interval ends and p-values are coarse: use "
+                     "1,000 or more for a report." if args.uncertainty.replicates < 200 else ""))
         if args.compare_to is not None:
             from evalbeam.pipelines.summary import comparison_summary
 

@@ -19,10 +19,10 @@ from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap
 from evalbeam.transforms.kernels.exact_sum import total_value, weighted_exact_totals
 from evalbeam.transforms.kernels.retrieval import (FAMILIES, SINGLE, RetrievalConfig,
-                                                   RetrievalState, encode_ids, evaluate,
-                                                   state_records, weighted_totals)
+                                                   RetrievalState, state_records,
+                                                   weighted_totals)
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
-from test_retrieval_kernel import KS, random_case
+from test_retrieval_kernel import KS, evaluate_dicts, random_case
 
 PYTREC = {"P", "recall", "success", "map_cut", "ndcg_cut", "map", "ndcg", "recip_rank", "Rprec"}
 
@@ -34,14 +34,7 @@ def weights_of(query_ids: list[str], bootstrap: Bootstrap) -> np.ndarray:
 def kernel_state(qrels: dict, run: dict, config: RetrievalConfig, bootstrap: Bootstrap | None,
                  keep=None) -> RetrievalState:
     """The state MatchRetrieval builds for one model and the whole set (or the queries `keep`)."""
-    qq = [q for q, docs in qrels.items() for _ in docs]
-    qd = [d for docs in qrels.values() for d in docs]
-    qr = np.array([v for docs in qrels.values() for v in docs.values()], np.int64)
-    rq = [q for q, docs in run.items() for _ in docs]
-    rd = [d for docs in run.values() for d in docs]
-    rs = np.array([v for docs in run.values() for v in docs.values()], np.float64)
-    ids = encode_ids(qq, qd, rq, rd)
-    codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qr, ids.run_query, ids.run_doc, rs, config)
+    ids, codes, values = evaluate_dicts(qrels, run, config)
     query_ids = ids.query_ids.take(pa.array(codes, pa.int64()))
     index = np.arange(codes.size) if keep is None else \
         np.array([i for i, q in enumerate(query_ids.to_pylist()) if q in keep], np.int64)

@@ -32,10 +32,9 @@ from evalbeam.transforms.kernels.retrieval import (
 # Helpers
 
 
-def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
-                 complete: bool = False) -> dict[str, dict[str, float]]:
-    """{query id: {measure: value}} from {qid: {docno: level}} and {qid: {docno: score}}."""
-    config = config or RetrievalConfig()
+def evaluate_dicts(qrels: dict, run: dict, config: RetrievalConfig):
+    """(ids, query codes, {measure: values}) of the kernel on {qid: {docno: level}} and
+    {qid: {docno: score}}."""
     qq = [q for q, docs in qrels.items() for _ in docs]
     qd = [d for docs in qrels.values() for d in docs]
     qr = np.array([v for docs in qrels.values() for v in docs.values()], np.int64)
@@ -43,8 +42,15 @@ def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
     rd = [d for docs in run.values() for d in docs]
     rs = np.array([v for docs in run.values() for v in docs.values()], np.float64)
     ids = encode_ids(qq, qd, rq, rd)
-    codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qr, ids.run_query, ids.run_doc, rs,
-                             replace(config, complete=complete))
+    codes, values = evaluate(ids.qrels_query, ids.qrels_doc, qr, ids.run_query, ids.run_doc, rs, config)
+    return ids, codes, values
+
+
+def evaluate_ids(qrels: dict, run: dict, config: RetrievalConfig | None = None,
+                 complete: bool = False) -> dict[str, dict[str, float]]:
+    """{query id: {measure: value}} from {qid: {docno: level}} and {qid: {docno: score}}."""
+    config = config or RetrievalConfig()
+    ids, codes, values = evaluate_dicts(qrels, run, replace(config, complete=complete))
     names = ids.query_ids.to_pylist()
     return {names[c]: {m: float(v[i]) for m, v in values.items()} for i, c in enumerate(codes)}
 
