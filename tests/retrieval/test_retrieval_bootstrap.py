@@ -17,10 +17,9 @@ import pytest
 
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap
-from evalbeam.transforms.kernels.exact_sum import total_value, weighted_exact_totals
+from evalbeam.transforms.kernels.exact_sum import total_value, weighted_exact_totals, weighted_totals
 from evalbeam.transforms.kernels.retrieval import (FAMILIES, SINGLE, RetrievalConfig,
-                                                   RetrievalState, state_records,
-                                                   weighted_totals)
+                                                   RetrievalState, state_records)
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 from test_retrieval_kernel import KS, evaluate_dicts, random_case
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from evalbeam.transforms.kernels.exact_sum import (ExactSum, merge_totals, total_value,
-                                                   weighted_exact_totals)
+                                                   weighted_totals)
 
 
 @dataclass
@@ -43,7 +43,7 @@ class ReplicateSums:
         """weights: integer [R, n] (the datums' columns of W); values: float64[n, c], finite."""
         values = np.asarray(values, dtype=np.float64).reshape(weights.shape[1], -1)
         weight = weights.sum(axis=1, dtype=np.int64)
-        return cls(weight, [weighted_exact_totals(values[:, j], weights) for j in range(values.shape[1])])
+        return cls(weight, weighted_totals(values, weights))
 
     def merge(self, other: "ReplicateSums") -> "ReplicateSums":
         self.weight = self.weight + other.weight

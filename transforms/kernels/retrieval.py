@@ -71,7 +71,8 @@ import pyarrow as pa
 
 from evalbeam.schemas.retrieval_rows import (as_strings, iter_string_words, string_chunks,
                                              string_lengths, string_width)
-from evalbeam.transforms.kernels.exact_sum import exact_totals, merge_totals, total_value
+from evalbeam.transforms.kernels.exact_sum import (exact_totals, merge_totals, total_value,
+                                                   weighted_totals)
 
 DEFAULT_KS = (1, 3, 5, 10, 20, 100, 1000)
 DEFAULT_RECALL_POINTS = tuple(round(0.1 * i, 1) for i in range(11))
@@ -661,108 +662,6 @@ def record_of(measure: str):
     if family in FAMILIES and k.isdigit():
         return FAMILIES[family], {"k": int(k)}
     return None
-
-
-# Replicate sums: weights are at most MAX_WEIGHT (< 2^5), so a product of a weight and an integer
-# below 2^B is below 2^(B + 5), and n of them add up below 2^(B + 5 + bits(n)): exact in float64
-# as long as that stays within 53 bits.
-_WEIGHT_BITS = 5
-_MAX_PIECES = 6
-
-
-def _one_blas_thread():
-    """A context in which BLAS runs on one thread, when threadpoolctl is installed (it comes
-    with scikit-learn); else one that changes nothing. Beam already runs a DoFn per core, and
-    BLAS threads on top of that oversubscribe the cores: measured on 2 busy cores, the product
-    of weighted_totals took 3 to 6 times longer with OpenBLAS's threads than on one."""
-    import contextlib
-
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
-def weighted_totals(values: np.ndarray, weights: np.ndarray) -> list[list[dict[int, int]]]:
-    """Exact per-replicate weighted sums of several measures at once.
-
-    values: float64[n, M] (the per-query values of M measures, finite); weights: float64 or
-    integer [R, n], non-negative integers of at most MAX_WEIGHT (kernels.bootstrap.Bootstrap
-    .weights). Returns, per measure j, [{e: S} for each replicate r] with sum_i weights[r, i] *
-    values[i, j] == sum S * 2**e exactly (exact_sum.total_value reads it), like
-    exact_sum.weighted_exact_totals, and equal to it after total_value.
-
-    How. Column j's non-zero values are m * 2**e (frexp, m < 2^53); with e0 the column's
-    smallest e, each is the integer m << (e - e0) times 2**e0, cut into pieces of B bits (B = 48
-    - bits(n)); the pieces of every column form one float64 [n, P] matrix, and one BLAS product
-    weights @ pieces gives every replicate's piece sums at once. Each sum is an integer below
-    2^53, so the product is exact whatever order BLAS adds in, and the result is the same for
-    any split of the queries into shards. A column of negative values, or whose exponents span
-    too much to be cut in at most _MAX_PIECES pieces, goes through weighted_exact_totals (the
-    same result, slower). Cost: one [R, n] x [n, P] product, P about 2 M for per-query
-    measures (a 53-bit mantissa and a span of a few binades fit in two pieces), on one BLAS
-    thread; 100 replicates of 12,500 queries x 53 measures take about 0.1 s."""
-    from evalbeam.transforms.kernels.exact_sum import weighted_exact_totals
-
-    values = np.asarray(values, dtype=np.float64)
-    n, n_measures = values.shape
-    replicates = weights.shape[0]
-    out: list[list[dict[int, int]]] = [[{} for _ in range(replicates)] for _ in range(n_measures)]
-    if not n or not replicates:
-        return out
-    if not np.isfinite(values).all():
-        raise ValueError("exact sums need finite values")
-    bits = 53 - _WEIGHT_BITS - int(n).bit_length()
-    columns, plan, slow = [], [], []
-    fraction, exponent = np.frexp(values)
-    mantissa = (fraction * float(1 << 53)).astype(np.int64)   # exact: 53 significant bits
-    exponent = exponent.astype(np.int64) - 53
-    for j in range(n_measures):
-        nonzero = mantissa[:, j] != 0
-        if not nonzero.any():
-            continue
-        m, e = mantissa[:, j], exponent[:, j]
-        if bits < 8 or (m < 0).any():
-            slow.append(j)
-            continue
-        low = int(e[nonzero].min())
-        shift = np.where(nonzero, e - low, 0)
-        width = 53 + int(shift.max())
-        pieces = -(-width // bits)
-        if pieces > _MAX_PIECES:
-            slow.append(j)
-            continue
-        m = m.astype(np.uint64)
-        mask = np.uint64((1 << bits) - 1)
-        for k in range(pieces):
-            # piece k holds bits [k B, (k + 1) B) of m << shift; offset = k B - shift
-            offset = k * bits - shift
-            piece = np.zeros(n, dtype=np.uint64)
-            right = offset >= 0           # m's bits from `offset` on (none past bit 52)
-            piece[right] = (m[right] >> np.minimum(offset[right], 63).astype(np.uint64)) & mask
-            left = ~right & (-offset < bits)   # m's low B - |offset| bits, moved up |offset|
-            up = (-offset[left]).astype(np.uint64)
-            piece[left] = (m[left] & ((np.uint64(1) << (np.uint64(bits) - up)) - np.uint64(1))) << up
-            columns.append(piece.astype(np.float64))
-        plan.append((j, low, pieces))
-    if columns:
-        with _one_blas_thread():
-            sums = np.asarray(weights, dtype=np.float64) @ np.stack(columns, axis=1)
-        sums = sums.astype(np.int64).tolist()
-        at = 0
-        for j, low, pieces in plan:
-            for r in range(replicates):
-                row = sums[r]
-                total = 0
-                for k in range(pieces):
-                    total += row[at + k] << (k * bits)
-                if total:
-                    out[j][r] = {low: total}
-            at += pieces
-    for j in slow:
-        out[j] = weighted_exact_totals(values[:, j], np.asarray(weights).astype(np.int64))
-    return out
 
 
 def reported_measures(names) -> list[str]:

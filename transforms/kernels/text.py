@@ -82,7 +82,7 @@ class TextState:
         """Add the noted datums of one shard to the replicates: weights uint8[R, n] are the
         shard's bootstrap weights (kernels.bootstrap.Bootstrap.weights of its datums' hashes),
         the notes' columns index them. Vectorised: per key, one [R, m] x [m, c] product of
-        integers (CorpusBLEU) or per component one weighted_exact_totals (means)."""
+        integers (CorpusBLEU) or the components at once with exact_sum.weighted_totals (means)."""
         from evalbeam.transforms.kernels.judge_state import ReplicateSums
 
         self.replicate_count = max(self.replicate_count, int(weights.shape[0]))
