@@ -11,6 +11,9 @@ from evalbeam.pipelines.registry import TASKS
 TOOLS = {
     "judge-server": ("evalbeam.pipelines.judge_server",
                      "a local stand-in for an OpenAI-compatible judge endpoint (tests, dry runs)"),
+    "sweep": ("evalbeam.pipelines.sweep",
+              "many models x many datasets in one pipeline, resumable, with a leaderboard "
+              "(evalbeam sweep --help)"),
     "demo": ("evalbeam.pipelines.demo",
              "make a small synthetic dataset, evaluate it and show the results"),
 }

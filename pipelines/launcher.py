@@ -24,6 +24,8 @@ import re
 import sys
 import time
 
+import apache_beam as beam
+
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, make_pipeline,
                                        parse_models, parse_slices, quiet_logs, rejection_message,
                                        safe_beam_args, say_error, split_beam_args, versions)
@@ -45,9 +47,14 @@ def build_parser(spec: TaskSpec) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_command(spec: TaskSpec, argv: list[str]):
-    """(args, config, models, slices, beam_args) of a command line; raises UsageError."""
-    args, rest = build_parser(spec).parse_known_args(argv)
+def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True):
+    """(args, config, models, slices, beam_args) of a command line; raises UsageError.
+    exit_on_error=False: argparse's own errors (a missing or malformed option) raise UsageError
+    too, instead of printing the usage and exiting (the sweep checks many command lines)."""
+    parser = build_parser(spec)
+    if not exit_on_error:
+        parser.error = _raise_usage
+    args, rest = parser.parse_known_args(argv)
     beam_args = split_beam_args(rest)
     if args.num_shards is not None and args.num_shards < 1:
         raise UsageError("--num_shards must be 1 or more")
@@ -59,6 +66,10 @@ def parse_command(spec: TaskSpec, argv: list[str]):
     args.beam_args = beam_args       # for tasks whose config depends on them (judge workers)
     config = spec.configure(args)
     return args, config, models, slices, beam_args
+
+
+def _raise_usage(message: str):
+    raise UsageError(message)
 
 
 MAX_REPLICATES = 10_000
@@ -220,39 +231,35 @@ def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
 
 
 
-def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
-            beam_args: list[str], started: float) -> int:
-    """Everything around the task's pipeline.
-
-    Expands and checks the inputs (spec.check_source raises InputError) and the output folder,
-    all without writing anything; takes the output folder (transforms.outputs), runs the
-    pipeline (build_pipeline) on Beam, and reports: one paragraph on failure, else the task's
-    summary, the run's problems and, when too many rows were rejected, the rejection message.
-    Returns the exit code, which agrees with run.json's status (transforms.outputs.EXIT_CODES)."""
+def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
+                beam_args: list[str], started: float, num_shards: int | None = None):
+    """(folder, sources, run_info, beam_args) of one run, after checking its inputs
+    (spec.check_source) and its output folder, with nothing written yet; raises
+    transforms.io.InputError. num_shards: the shard count when --num_shards does not give one
+    (default: default_num_shards of the input size). beam_args gain the default worker log
+    level. Shared by run_job and the sweep (pipelines/sweep.py), so that a sweep's cell is set
+    up exactly as the same run alone."""
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from evalbeam.transforms.evaluated import FilesJob
-    from evalbeam.transforms.io import READ_ERROR, InputError, expand_source, read_json
-    from evalbeam.transforms.outputs import EXIT_CODES, RUNNING, OutputFolder
+    from evalbeam.transforms.io import expand_source
+    from evalbeam.transforms.outputs import OutputFolder
 
     outputs = tuple(spec.extra_outputs(config))
     folder = OutputFolder(args.output, outputs, overwrite=args.overwrite)
-    try:
-        sources = {"groundtruths": expand_source("groundtruths", args.groundtruths,
-                                                 spec.known_formats)}
-        for name, pattern in models.items():
-            sources[name] = expand_source(name, pattern, spec.known_formats)
-        for name, source in sources.items():
-            spec.check_source(name, source, config, slices)
-        folder.check(_inputs_of(sources))
-    except InputError as error:
-        say_error(getattr(error, "message", str(error)))
-        return EXIT_USAGE
-
-    total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-                      for path in _inputs_of(sources))
-    num_shards = args.num_shards or max(spec.min_shards, default_num_shards(total_bytes, args.uncertainty.replicates))
+    sources = {"groundtruths": expand_source("groundtruths", args.groundtruths, spec.known_formats)}
+    for name, pattern in models.items():
+        sources[name] = expand_source(name, pattern, spec.known_formats)
+    for name, source in sources.items():
+        spec.check_source(name, source, config, slices)
+    folder.check(_inputs_of(sources))
+    if args.num_shards:
+        num_shards = args.num_shards
+    elif num_shards is None:
+        total_bytes = sum(FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+                          for path in _inputs_of(sources))
+        num_shards = max(spec.min_shards,
+                         default_num_shards(total_bytes, args.uncertainty.replicates))
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # multi-process and remote workers log at INFO by default; keep stderr for progress
         beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
@@ -272,6 +279,47 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         "versions": versions(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
     }
+    return folder, sources, run_info, beam_args
+
+
+def failure_of(error: Exception) -> tuple[int, str, str]:
+    """(exit code, what happened, reason in one line) of a pipeline that raised `error`: an
+    input that broke off while being read is the user's to fix (exit 2), anything else is a
+    failed pipeline (exit 3)."""
+    from evalbeam.transforms.io import READ_ERROR
+
+    text = str(error)
+    if READ_ERROR in text:
+        reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
+        reason = re.sub(r" \[while running '.*'\]$", "", reason)
+        return EXIT_USAGE, "the run stopped on its input", reason
+    reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
+    return EXIT_FAILED, "the pipeline failed", reason
+
+
+def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
+            beam_args: list[str], started: float) -> int:
+    """Everything around the task's pipeline.
+
+    Expands and checks the inputs (spec.check_source raises InputError) and the output folder,
+    all without writing anything; takes the output folder (transforms.outputs), runs the
+    pipeline (build_pipeline) on Beam, and reports: one paragraph on failure, else the task's
+    summary, the run's problems and, when too many rows were rejected, the rejection message.
+    Returns the exit code, which agrees with run.json's status (transforms.outputs.EXIT_CODES)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from evalbeam.transforms.evaluated import FilesJob
+    from evalbeam.transforms.io import InputError, read_json
+    from evalbeam.transforms.outputs import EXIT_CODES, RUNNING
+
+    try:
+        folder, sources, run_info, beam_args = prepare_run(spec, config, args, models, slices,
+                                                           beam_args, started)
+    except InputError as error:
+        say_error(getattr(error, "message", str(error)))
+        return EXIT_USAGE
+    num_shards = run_info["options"]["num_shards"]
+    options = PipelineOptions(beam_args)
     try:
         folder.start(run_info)
     except InputError as error:
@@ -288,14 +336,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
             pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
-        text = str(error)
-        if READ_ERROR in text:   # an input that broke off while being read: not a bug
-            reason = text[text.rindex(READ_ERROR) + len(READ_ERROR):].strip().splitlines()[0]
-            reason = re.sub(r" \[while running '.*'\]$", "", reason)
-            code, kind = EXIT_USAGE, "the run stopped on its input"
-        else:
-            reason = f"{type(error).__name__}: {(text.strip().splitlines() or [''])[-1]}"
-            code, kind = EXIT_FAILED, "the pipeline failed"
+        code, kind, reason = failure_of(error)
         run_info.update(error=reason, wall_time_seconds=round(time.time() - started, 3))
         folder.fail(run_info)
         say_error(f"{kind} ({reason}). No metrics were written; {folder.final('run.json')} "
@@ -319,7 +360,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
             from evalbeam.pipelines.summary import comparison_summary
 
             print("\n" + comparison_summary(folder.final("metrics.jsonl")))
-        scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in outputs
+        scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in folder.extra
                          if name.split(".")[0] + "_written" in info)
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
               f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
@@ -330,40 +371,61 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
 
 def build_pipeline(pipeline, spec: TaskSpec, config, job, folder, run_info: dict,
                    max_rejected_fraction: float) -> None:
-    """Add the task's job to `pipeline`: its PTransform on files, then metrics.jsonl and
-    rejected.jsonl in their orders, then one step that checks the counts, judges the run and
-    publishes everything with run.json (transforms.outputs.finalize_run) after every output is
-    written."""
-    import apache_beam as beam
+    """Add the task's job to `pipeline` (see TaskJob)."""
+    _ = pipeline | TaskJob(spec, config, job, folder, run_info, max_rejected_fraction)
 
-    from evalbeam.transforms.io import WriteJsonl
-    from evalbeam.transforms.outputs import reject_sort_key
-    from evalbeam.transforms.uncertainty import Uncertainty, with_comparisons_last
 
-    out = pipeline | spec.title >> spec.files_transform()(config, job)
-    metrics = (Uncertainty.inputs(out.metrics, out.presence, out.outcomes)
-               | "Uncertainty" >> Uncertainty(job.bootstrap, spec.interval_unit, job.compare_to))
-    n_metrics = metrics | "WriteMetrics" >> WriteJsonl(
-        folder.temp("metrics.jsonl"), with_comparisons_last(spec.plumbing().record_sort_key))
-    n_rejected = out.rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"),
-                                                             reject_sort_key)
-    extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
-    report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
-    _ = (out.stats
-         | "SumStats" >> beam.CombinePerKey(sum)
-         | "GatherStats" >> beam.combiners.ToList()
-         | "Publish" >> beam.Map(_publish, beam.pvalue.AsSingleton(n_metrics),
-                                 beam.pvalue.AsSingleton(n_rejected), folder, run_info,
-                                 job.started, max_rejected_fraction, *extra,
-                                 problems=beam.pvalue.AsList(out.problems), report=report))
+class TaskJob(beam.PTransform):
+    """One run of a task on a pipeline's begin: the task's PTransform on files, then
+    metrics.jsonl and rejected.jsonl in their orders, then one step that checks the counts,
+    judges the run and publishes everything with run.json (transforms.outputs.finalize_run)
+    after every output is written. Returns the PCollection of the published run.json.
+
+    sidecar(out) -> a PCollection of one (path, dict), or None: a JSON file written (atomically)
+    just before the run publishes, so that it exists whenever run.json says the run ended (the
+    sweep's per-cell leaderboard inputs, pipelines/sweep.py)."""
+
+    def __init__(self, spec: TaskSpec, config, job, folder, run_info: dict,
+                 max_rejected_fraction: float, sidecar=None):
+        super().__init__()
+        self.spec, self.config, self.job, self.folder = spec, config, job, folder
+        self.run_info, self.max_rejected_fraction, self.sidecar = run_info, max_rejected_fraction, sidecar
+
+    def expand(self, pbegin):
+        from evalbeam.transforms.io import WriteJsonl
+        from evalbeam.transforms.outputs import reject_sort_key
+        from evalbeam.transforms.uncertainty import Uncertainty, with_comparisons_last
+
+        spec, job, folder = self.spec, self.job, self.folder
+        out = pbegin | spec.title >> spec.files_transform()(self.config, job)
+        metrics = (Uncertainty.inputs(out.metrics, out.presence, out.outcomes)
+                   | "Uncertainty" >> Uncertainty(job.bootstrap, spec.interval_unit, job.compare_to))
+        n_metrics = metrics | "WriteMetrics" >> WriteJsonl(
+            folder.temp("metrics.jsonl"), with_comparisons_last(spec.plumbing().record_sort_key))
+        n_rejected = out.rejected | "WriteRejects" >> WriteJsonl(folder.temp("rejected.jsonl"),
+                                                                 reject_sort_key)
+        extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
+        report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
+        sidecar = self.sidecar(out) if self.sidecar is not None else None
+        return (out.stats
+                | "SumStats" >> beam.CombinePerKey(sum)
+                | "GatherStats" >> beam.combiners.ToList()
+                | "Publish" >> beam.Map(
+                    _publish, beam.pvalue.AsSingleton(n_metrics),
+                    beam.pvalue.AsSingleton(n_rejected), folder, self.run_info, job.started,
+                    self.max_rejected_fraction, *extra, problems=beam.pvalue.AsList(out.problems),
+                    report=report,
+                    sidecar=beam.pvalue.AsSingleton(sidecar) if sidecar is not None else None))
 
 
 def _publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
-             *n_rows, problems=(), report=None):
-    from evalbeam.transforms.outputs import finalize_run
+             *n_rows, problems=(), report=None, sidecar=None):
+    from evalbeam.transforms.outputs import finalize_run, write_json_atomic
 
     if report:
         run_info = dict(run_info, **report)
+    if sidecar is not None:
+        path, content = sidecar
+        write_json_atomic(content, path)
     return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
                         max_rejected_fraction, *n_rows, problems=list(problems))
-

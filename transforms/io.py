@@ -8,8 +8,10 @@ the launcher only when the run has finished (finalize_outputs).
 
 from __future__ import annotations
 
-import json
 import bz2
+import copy
+import hashlib
+import json
 import gzip
 import lzma
 import os
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.internal import pickler
 
 from evalbeam.schemas.formats import format_of, position_name
 from evalbeam.schemas.rejections import reject
@@ -362,7 +365,12 @@ SHARD_PIECE = typing.Tuple[int, typing.Any]
 
 class ReadFiles(beam.PTransform):
     """Every file of every source, read by `reader` (a DoFn of (source name, file id)): the
-    main output "pieces" of (shard, (source, rows)) and the reader's tagged outputs."""
+    main output "pieces" of (shard, (source, rows)) and the reader's tagged outputs.
+
+    In a pipeline marked by share_reads() (a sweep: many runs in one pipeline), each source is
+    read on its own, and a source that an earlier ReadFiles of the same pipeline read with an
+    equal reader (the same settings, the same files, the same source name) is not read again:
+    its PCollections are reused, so a ground truth that ten cells evaluate is read once."""
 
     def __init__(self, sources: dict, reader: beam.DoFn, tags: tuple[str, ...]):
         super().__init__()
@@ -371,13 +379,53 @@ class ReadFiles(beam.PTransform):
         self.tags = tags
 
     def expand(self, pbegin):
-        files = [(name, i) for name, source in sorted(self.sources.items())
+        shared = getattr(pbegin.pipeline, SHARED_READS, None)
+        if shared is None:
+            return self._read(pbegin, self.sources, self.reader, "")
+        parts = []
+        for name, source in sorted(self.sources.items()):
+            reader = copy.copy(self.reader)
+            reader.sources = {name: source}
+            key = (name, tuple(source.files), hashlib.sha256(pickler.dumps(reader)).hexdigest())
+            if key not in shared:
+                shared[key] = self._read(pbegin, {name: source}, reader, f"[{name}]")
+            parts.append(shared[key])
+        flat = {tag: [p[tag] for p in parts] | f"Flatten[{tag}]" >> beam.Flatten()
+                for tag in self.tags}
+        flat["pieces"] = [p.pieces for p in parts] | "Flatten[pieces]" >> beam.Flatten()
+        return SharedRead(flat)
+
+    def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
+        files = [(name, i) for name, source in sorted(sources.items())
                  for i in range(len(source.files))]
         return (pbegin
-                | "Files" >> beam.Create(files)
-                | "Spread" >> beam.Reshuffle()  # lets a cluster read different files at once
-                | "Read" >> beam.ParDo(self.reader).with_output_types(SHARD_PIECE)
+                | f"Files{suffix}" >> beam.Create(files)
+                | f"Spread{suffix}" >> beam.Reshuffle()  # lets a cluster read different files at once
+                | f"Read{suffix}" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
                 .with_outputs(*self.tags, main="pieces"))
+
+
+SHARED_READS = "_evalbeam_shared_reads"
+
+
+def share_reads(pipeline) -> None:
+    """Mark a pipeline so that its ReadFiles read each source once (see ReadFiles)."""
+    setattr(pipeline, SHARED_READS, {})
+
+
+class SharedRead:
+    """ReadFiles' result in a pipeline that shares reads: .pieces and [tag], like the outputs
+    of a ParDo with tagged outputs."""
+
+    def __init__(self, outputs: dict):
+        self._outputs = outputs
+
+    @property
+    def pieces(self):
+        return self._outputs["pieces"]
+
+    def __getitem__(self, tag):
+        return self._outputs[tag]
 
 
 def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES):
