@@ -44,7 +44,8 @@ from evalbeam.transforms.merge import merged_records
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 # Tagged outputs of MatchClassification for the paired comparisons (Evaluated.presence and
-# Evaluated.outcomes); emitted only when bootstrapping with a baseline model.
+# Evaluated.outcomes); emitted only when bootstrapping with a baseline model (presence also when
+# asked for, FilesJob.presence).
 TAG_PRESENCE = "presence"
 TAG_OUTCOMES = "outcomes"
 
@@ -228,11 +229,12 @@ class MatchClassification(ProgressDoFn):
     emit, per slice of the shard, TAG_PRESENCE (slice JSON, ("groundtruths" | model, uint64
     hashes of the slice's datums with a ground truth | with a prediction row of the model)) and
     TAG_OUTCOMES ((identity of an Accuracy record, slice JSON), (model, uint64 hashes of the
-    datums with a ground truth for its key, bool correct)) for McNemar's test."""
+    datums with a ground truth for its key, bool correct)) for McNemar's test. presence: emit
+    TAG_PRESENCE (not TAG_OUTCOMES) even without compare or bootstrap."""
 
     def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
                  files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int,
-                 bootstrap=None, compare: bool = False):
+                 bootstrap=None, compare: bool = False, presence: bool = False):
         super().__init__(quiet, started)
         self.config = config
         self.models = models
@@ -241,6 +243,7 @@ class MatchClassification(ProgressDoFn):
         self.num_shards = num_shards
         self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
         self.compare = bool(compare) and self.bootstrap is not None
+        self.presence = self.compare or bool(presence)
 
     def setup(self):
         super().setup()
@@ -310,7 +313,7 @@ class MatchClassification(ProgressDoFn):
             groups = slice_groups(gt, self.slice_specs)
             # one weight column per datum of the shard, shared by every model, slice and key
             weights = None if self.bootstrap is None else self.bootstrap.weights(gt.hash)
-            if self.compare:
+            if self.presence:
                 for slice_json, rows in groups:
                     yield beam.pvalue.TaggedOutput(
                         TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, gt.hash[rows])))
@@ -336,15 +339,16 @@ class MatchClassification(ProgressDoFn):
             if gt is None:
                 continue
             predicted = np.zeros(len(gt), dtype=bool)
-            if self.compare and model in by_source:
+            if self.presence and model in by_source:
                 predicted[datum[datum >= 0]] = True
             for slice_json, rows in groups:
                 yield (model, slice_json), self._slice_state(
                     gt, gt_values, entries, rows, vocab,
                     None if weights is None else weights[:, rows])
-                if self.compare:
+                if self.presence:
                     yield beam.pvalue.TaggedOutput(
                         TAG_PRESENCE, (slice_json, (model, gt.hash[rows[predicted[rows]]])))
+                if self.compare:
                     yield from self._outcomes(model, slice_json, gt, gt_values, entries, rows)
         self.matched += 1
         self.progress.say("match", f"matched shard {shard} ({self.matched} in this worker, "
@@ -415,25 +419,26 @@ def record_sort_key(record: dict):
 
 
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
-              started, num_shards, bootstrap=None, compare: bool = False):
+              started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False):
     """The shared tail: shard pieces (shard, (source, rows)) and the vocabulary (a singleton)
     matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
     stats, presence, outcomes) of the matching step; presence and outcomes are None unless
-    bootstrapping with compare."""
+    bootstrapping with compare; presence=True: presence even without (outcomes stay None)."""
     vocab_view = beam.pvalue.AsSingleton(vocab)
     wanted = bootstrap if bootstrap is not None and bootstrap.enabled else None
     if config.bootstrap != wanted:
         # the calibration state keeps its replicates by the config's Bootstrap: the run's
         config = dataclasses.replace(config, bootstrap=wanted)
     match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
-                                bootstrap, compare)
+                                bootstrap, compare, presence)
     matched = (pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(match, vocab_view)
                .with_output_types(PARTIAL).with_outputs(
                    TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
     records = merged_records(matched.partials, state_records, vocab_view, config)
-    presence, outcomes = (matched[TAG_PRESENCE], matched[TAG_OUTCOMES]) if match.compare else (None, None)
+    presence = matched[TAG_PRESENCE] if match.presence else None
+    outcomes = matched[TAG_OUTCOMES] if match.compare else None
     return records, matched[TAG_REJECTED], matched[TAG_STATS], presence, outcomes
 
 
@@ -464,7 +469,8 @@ class EvaluateClassificationFiles(beam.PTransform):
     """The classification job on files (the launcher's PTransform, transforms.evaluated): read
     and validate every source, find each label key's values, match per shard, merge, and turn
     the merged states into records. Returns an Evaluated; its problems are the label findings
-    (vocabulary_problems)."""
+    (vocabulary_problems). Evaluated.presence: with job.bootstrap (replicates > 0) and
+    job.compare_to, or with job.presence; Evaluated.outcomes: with bootstrap and compare_to."""
 
     def __init__(self, config: ClassificationConfig, job):
         super().__init__()
@@ -483,7 +489,8 @@ class EvaluateClassificationFiles(beam.PTransform):
         records, match_rejects, match_stats, presence, outcomes = _evaluate(
             pieces, vocab, config, list(job.models), list(job.slices),
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards,
-            bootstrap, getattr(job, "compare_to", None) is not None)
+            bootstrap, getattr(job, "compare_to", None) is not None,
+            bool(getattr(job, "presence", False)))
         rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
         stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
         return Evaluated(records, rejected, stats, problems, presence=presence, outcomes=outcomes)

@@ -423,7 +423,7 @@ class MatchDetection(ProgressDoFn):
     detections whose image or category the ground truth does not have.
 
     config.bootstrap (enabled): each CocoState also carries its replicate parts (shard_state).
-    presence (only with config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    presence (with or without config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
     ("groundtruths", uint64 hashes of the slice's images)) and (slice JSON, (model, hashes of
     those images with a prediction of the model: a valid native prediction row, or at least one
     valid COCO detection)), for the paired comparisons' coverage counts."""
@@ -432,7 +432,7 @@ class MatchDetection(ProgressDoFn):
                  presence: bool = False):
         super().__init__(quiet, started)
         self.bootstrap = config.bootstrap if config.bootstrap is not None and config.bootstrap.enabled else None
-        self.presence = presence and self.bootstrap is not None
+        self.presence = bool(presence)
         self.protocol = config.protocol
         self.native = config.native
         self.models = models
@@ -608,7 +608,7 @@ class EvaluateDetectionFiles(beam.PTransform):
     native rows (label_findings); none for COCO files, whose detections of unknown categories
     are rejected row by row. With job.bootstrap (replicates > 0) the scalar records carry
     their replicates ("_replicates"; per field for the COCO summaries) and, with job.compare_to
-    too, Evaluated.presence the images of each side."""
+    too, Evaluated.presence the images of each side; job.presence: Evaluated.presence anyway."""
 
     def __init__(self, config: DetectionConfig, job):
         super().__init__()
@@ -616,6 +616,7 @@ class EvaluateDetectionFiles(beam.PTransform):
         self.config = config._replace(
             bootstrap=bootstrap if bootstrap is not None and bootstrap.enabled else None)
         self.compare_to = getattr(job, "compare_to", None)
+        self.presence = bool(getattr(job, "presence", False))
         self.native = config.native
         self.sources = job.sources
         self.models = list(job.models)
@@ -646,16 +647,16 @@ class EvaluateDetectionFiles(beam.PTransform):
         metrics, rejected, stats, presence = _evaluate(
             read, categories, self.config, self.models, self.slices,
             {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
-            self.compare_to)
+            self.compare_to, self.presence)
         return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 
 def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started,
-              compare_to=None):
+              compare_to=None, presence: bool = False):
     """The shared tail: match per shard, merge the states per (model, slice), records. Returns
     (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
-    there is a compare_to model."""
-    presence = config.bootstrap is not None and compare_to is not None
+    there is a compare_to model, or presence=True."""
+    presence = bool(presence) or (config.bootstrap is not None and compare_to is not None)
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started,

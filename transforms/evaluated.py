@@ -21,7 +21,9 @@ class FilesJob(NamedTuple):
     quiet: no progress lines; started: the run's start (time.time()); temp(name): where the
     task writes an extra output (e.g. "scores.jsonl") or scratch files before publishing;
     bootstrap: transforms.kernels.bootstrap.Bootstrap, the replicates the task's kernels weigh
-    (replicates 0: none); compare_to: the baseline model of the paired comparisons, or None."""
+    (replicates 0: none); compare_to: the baseline model of the paired comparisons, or None;
+    presence: return Evaluated.presence even without compare_to or replicates (the sweep's
+    datum fingerprints, pipelines/leaderboard.py); the metrics do not change."""
 
     sources: dict
     models: tuple
@@ -32,6 +34,7 @@ class FilesJob(NamedTuple):
     temp: Callable[[str], str]
     bootstrap: Any = None
     compare_to: Any = None
+    presence: bool = False
 
 
 class Evaluated(NamedTuple):

@@ -340,7 +340,7 @@ class MatchRetrieval(ProgressDoFn):
 
     bootstrap (kernels.bootstrap.Bootstrap; None or 0 replicates: off): the states also carry
     the replicates' weighted sums, each query weighed by Bootstrap.weights of the FNV-1a hash of
-    its query id. presence (only with bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    its query id. presence (with or without bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
     ("groundtruths", uint64 hashes of the qrels' queries)) and (slice JSON, (model, hashes of
     those queries that the model's run answers))."""
 
@@ -355,7 +355,7 @@ class MatchRetrieval(ProgressDoFn):
         self.slice_specs = [tuple(spec) for spec in slice_specs]
         self.per_query_dir = per_query_dir
         self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.presence = presence and self.bootstrap is not None
+        self.presence = bool(presence)
 
     def process(self, element):
         shard, pieces = element
@@ -402,8 +402,9 @@ class MatchRetrieval(ProgressDoFn):
             query_ids = query_array.to_pylist()
             groups = self._groups(query_ids, query_slices or {})
             weights = hashes = None
-            if self.bootstrap is not None:
+            if self.bootstrap is not None or self.presence:
                 hashes = fnv1a_64(query_array)
+            if self.bootstrap is not None:
                 weights = self.bootstrap.weights(hashes)
             for slice_json, index in groups.items():
                 yield (model, slice_json), RetrievalState().add_queries(values, index, weights)
@@ -515,8 +516,8 @@ def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_sl
               bootstrap=None, presence: bool = False):
     """The pieces of `read` (main output "pieces", tagged rejects and stats) matched per shard,
     merged and turned into records: (metrics, rejects, stats, matched), matched holding the
-    coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with bootstrap and presence,
-    the queries of each side (TAG_PRESENCE) of MatchRetrieval."""
+    coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with presence, the queries of
+    each side (TAG_PRESENCE) of MatchRetrieval."""
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchRetrieval(
@@ -537,7 +538,8 @@ class EvaluateRetrievalFiles(beam.PTransform):
     config.per_query, per_query.jsonl is written to job.temp("per_query.jsonl"). The --slice
     values of each query are read from the qrels first (read_slices), while the graph is built.
     With job.bootstrap, the measure records carry their replicates (and the Hit records their
-    proportions); with job.compare_to too, Evaluated.presence holds the queries of each side."""
+    proportions); with job.compare_to too, Evaluated.presence holds the queries of each side
+    (with job.presence, it does anyway)."""
 
     def __init__(self, config: RetrievalConfig, job):
         super().__init__()
@@ -553,8 +555,9 @@ class EvaluateRetrievalFiles(beam.PTransform):
         self.quiet = job.quiet
         self.started = job.started
         self.bootstrap = job.bootstrap
-        self.presence = (job.bootstrap is not None and job.bootstrap.enabled
-                         and job.compare_to is not None)
+        self.presence = (bool(getattr(job, "presence", False))
+                         or (job.bootstrap is not None and job.bootstrap.enabled
+                             and job.compare_to is not None))
 
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(

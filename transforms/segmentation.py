@@ -191,7 +191,7 @@ class MatchSegmentation(ProgressDoFn):
 
     bootstrap (kernels.bootstrap.Bootstrap, None or 0 replicates: off): each state also gets
     the replicates' weighted datum_statistics, the weights drawn from FNV-1a of the datum_uid.
-    presence (only with bootstrap and a compare_to model): tagged TAG_PRESENCE, per slice,
+    presence (with bootstrap and a compare_to model, or asked for): tagged TAG_PRESENCE, per slice,
     (slice JSON, ("groundtruths", uint64 hashes of the evaluated datums)) and (slice JSON,
     (model, hashes of those with a usable prediction of the model))."""
 
@@ -203,7 +203,7 @@ class MatchSegmentation(ProgressDoFn):
         self.config = config
         self.files = files
         self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.presence = presence and self.bootstrap is not None
+        self.presence = bool(presence)
 
     def _reject(self, source, row, reason: str):
         return reject_row(self.files, source, row, reason)
@@ -256,11 +256,12 @@ class MatchSegmentation(ProgressDoFn):
         states: dict = {}
         uids = sorted(truths)
         hashes = weights = None
-        if self.bootstrap is not None and uids:
+        if (self.bootstrap is not None or self.presence) and uids:
             import pyarrow as pa
 
             hashes = fnv1a_64(pa.array(uids, pa.string()))
-            weights = self.bootstrap.weights(hashes)
+            if self.bootstrap is not None:
+                weights = self.bootstrap.weights(hashes)
         # with bootstrap: per (model, slice), the positions (in uids) and datum_statistics rows
         # of datums not yet weighed; weighed REPLICATE_BATCH at a time, so the rows kept stay
         # bounded (4K + 3 integers each) however many datums the shard holds
@@ -347,11 +348,13 @@ def vocabulary_problems(found: list) -> list:
 
 
 def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started,
-              bootstrap=None, compare_to=None):
+              bootstrap=None, compare_to=None, presence: bool = False):
     """The shared tail: labels side input, match per shard, combine, records; and the run's
     label findings (transforms.outputs.problem dicts). Returns (metrics, rejected, stats,
-    problems, presence); presence is None unless bootstrapping with a compare_to model."""
-    presence = bootstrap is not None and bootstrap.enabled and compare_to is not None
+    problems, presence); presence is None unless bootstrapping with a compare_to model, or
+    presence=True."""
+    presence = bool(presence) or (bootstrap is not None and bootstrap.enabled
+                                  and compare_to is not None)
     declared = sorted(set((config.label_names or {}).values()))
     labels = beam.pvalue.AsSingleton(
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
@@ -388,7 +391,8 @@ def record_sort_key(record: dict):
 class EvaluateSegmentationFiles(beam.PTransform):
     """Segmentation row files (job.sources) -> Evaluated (transforms.evaluated); its problems
     are the label findings. With job.bootstrap, the scalar records carry their replicates and,
-    with job.compare_to too, Evaluated.presence the datums of each side."""
+    with job.compare_to too, Evaluated.presence the datums of each side; job.presence:
+    Evaluated.presence anyway."""
 
     def __init__(self, config: SegmentationConfig, job):
         super().__init__()
@@ -405,7 +409,7 @@ class EvaluateSegmentationFiles(beam.PTransform):
         metrics, rejected, stats, problems, presence = _evaluate(
             pbegin, read, list(job.models), list(job.slices), self.config,
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started,
-            job.bootstrap, job.compare_to)
+            job.bootstrap, job.compare_to, bool(getattr(job, "presence", False)))
         return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 

@@ -122,11 +122,12 @@ class MatchText(ProgressDoFn):
     replicates. With compare_to as well, TAG_PRESENCE gets per slice (slice JSON, ("groundtruths"
     | model, uint64 hashes of the shard's datums with a ground truth | a prediction of model)),
     and TAG_OUTCOMES per rule evaluator and slice ((record identity, slice JSON), (model, uint64
-    hashes, bool passed)) of the datums its pass rate counts (Evaluated.presence, .outcomes)."""
+    hashes, bool passed)) of the datums its pass rate counts (Evaluated.presence, .outcomes).
+    presence: TAG_PRESENCE (not TAG_OUTCOMES) even without bootstrap or compare_to."""
 
     def __init__(self, models, slice_specs, config: TextConfig, files: dict, scores_dir: str | None,
                  quiet: bool, started: float, bootstrap: Bootstrap | None = None,
-                 compare_to: str | None = None):
+                 compare_to: str | None = None, presence: bool = False):
         super().__init__(quiet, started)
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
@@ -135,6 +136,7 @@ class MatchText(ProgressDoFn):
         self.scores_dir = scores_dir
         self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
         self.compare = self.bootstrap is not None and compare_to is not None
+        self.presence = self.compare or bool(presence)
 
     def setup(self):
         super().setup()
@@ -172,16 +174,17 @@ class MatchText(ProgressDoFn):
         judged: list = []
         uids = sorted(truths)
         hashes = weights = None
+        if self.bootstrap is not None or self.presence:
+            hashes = fnv1a_64(pa.array(uids, pa.string()))
         if self.bootstrap is not None:
             # one weight per (replicate, datum), drawn once per shard; column = position in uids
-            hashes = fnv1a_64(pa.array(uids, pa.string()))
             weights = self.bootstrap.weights(hashes)
         members: dict = {}   # (source, slice JSON) -> columns, for the presence output
         for column, uid in enumerate(uids):
             truth: GroundTruthRow = truths[uid]
             groups = ["{}"] + [canonical_json({k: json.loads(truth.slices[k]) for k in spec})
                                for spec in self.slice_specs]
-            if self.compare:
+            if self.presence:
                 for group in groups:
                     members.setdefault((GROUNDTRUTHS, group), []).append(column)
             noted = column if weights is not None else None
@@ -191,7 +194,7 @@ class MatchText(ProgressDoFn):
                 score_rows.extend(score_datum(self.config, truth, prediction, model, targets, noted))
                 if self.session is not None:
                     judged.append((truth, prediction, model, targets, noted))
-                if self.compare and prediction is not None:
+                if self.presence and prediction is not None:
                     for group in groups:
                         members.setdefault((model, group), []).append(column)
         for (source, group), columns in sorted(members.items()):
@@ -283,15 +286,16 @@ def merge_score_parts(parts: list, path: str) -> int:
 
 
 def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, bootstrap=None,
-              compare_to=None):
+              compare_to=None, presence: bool = False):
     """(metrics, scores, rejected, stats, judge stats, presence, outcomes); presence and
-    outcomes are None unless bootstrapping with compare_to. With bootstrap, the records keep
-    the internal replicate fields for transforms.uncertainty."""
+    outcomes are None unless bootstrapping with compare_to (presence=True: presence anyway,
+    outcomes still None). With bootstrap, the records keep the internal replicate fields for
+    transforms.uncertainty."""
     boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started,
-                                                 boot, compare_to))
+                                                 boot, compare_to, presence))
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
                              main="partials"))
@@ -300,7 +304,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, b
     stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
     judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
     comparing = boot is not None and compare_to is not None
-    presence = matched[TAG_PRESENCE] if comparing else None
+    presence = matched[TAG_PRESENCE] if comparing or presence else None
     outcomes = matched[TAG_OUTCOMES] if comparing else None
     return metrics, matched[TAG_SCORES], rejected, stats, judge_stats, presence, outcomes
 
@@ -319,12 +323,14 @@ class EvaluateTextFiles(beam.PTransform):
     """Text row files (job.sources) -> Evaluated (transforms.evaluated). Per-datum scores are
     written to job.temp("scores.jsonl") (extra output "scores.jsonl"); with judge metrics, the
     report is run.json's "judge" section and the problems are the judge's failures
-    (transforms.judge.report)."""
+    (transforms.judge.report). Evaluated.presence: with job.bootstrap and job.compare_to, or
+    with job.presence; Evaluated.outcomes: with job.bootstrap and job.compare_to."""
 
     def __init__(self, config: TextConfig, job):
         super().__init__()
         self.bootstrap = getattr(job, "bootstrap", None)
         self.compare_to = getattr(job, "compare_to", None)
+        self.presence = bool(getattr(job, "presence", False))
         self.sources = job.sources
         self.models = list(job.models)
         self.slices = list(job.slices)
@@ -342,7 +348,7 @@ class EvaluateTextFiles(beam.PTransform):
         metrics, score_parts, rejected, stats, judge_stats, presence, outcomes = _evaluate(
             read, self.models, self.slices, self.config,
             {n: s.files for n, s in self.sources.items()}, self.temp("scores-parts"), self.quiet,
-            self.started, self.bootstrap, self.compare_to)
+            self.started, self.bootstrap, self.compare_to, self.presence)
         n_scores = (score_parts
                     | "GatherScoreParts" >> beam.combiners.ToList()
                     | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
