@@ -407,15 +407,19 @@ class TaskJob(beam.PTransform):
         extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
         report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
         sidecar = self.sidecar(out) if self.sidecar is not None else None
-        return (out.stats
-                | "SumStats" >> beam.CombinePerKey(sum)
-                | "GatherStats" >> beam.combiners.ToList()
+        stats = out.stats | "SumStats" >> beam.CombinePerKey(sum)
+        return (pbegin
+                | "Once" >> beam.Create([None])
                 | "Publish" >> beam.Map(
-                    _publish, beam.pvalue.AsSingleton(n_metrics),
+                    _publish_once, beam.pvalue.AsList(stats), beam.pvalue.AsSingleton(n_metrics),
                     beam.pvalue.AsSingleton(n_rejected), folder, self.run_info, job.started,
                     self.max_rejected_fraction, *extra, problems=beam.pvalue.AsList(out.problems),
                     report=report,
                     sidecar=beam.pvalue.AsSingleton(sidecar) if sidecar is not None else None))
+
+
+def _publish_once(_, stats, *args, **kwargs):
+    return _publish(list(stats), *args, **kwargs)
 
 
 def _publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,

@@ -163,17 +163,14 @@ def cell_sidecar(path: str, model: str, specs: list[Headline], intersect: bool, 
     def build(out):
         wanted = out.metrics | "Headline" >> beam.Filter(
             lambda record: any(spec.matches(record) for spec in specs))
-        records = wanted | "HeadlineList" >> beam.combiners.ToList()
-        if out.presence is None:   # a task without datum hashes: no fingerprint to check
-            return records | "Sidecar" >> beam.Map(
-                lambda rs: (path, sidecar_content(rs, [], model, specs, intersect, fingerprint,
-                                                  cell_id)))
-        presence = out.presence | "PresenceList" >> beam.combiners.ToList()
-        return (records
+        presence = beam.pvalue.AsList(out.presence) if out.presence is not None else []
+        # a task without datum hashes has no presence: no fingerprint to check
+        return (out.metrics.pipeline
+                | "SidecarOnce" >> beam.Create([None])
                 | "Sidecar" >> beam.Map(
-                    lambda rs, ps: (path, sidecar_content(rs, ps, model, specs, intersect,
-                                                          fingerprint, cell_id)),
-                    beam.pvalue.AsSingleton(presence)))
+                    lambda _, rs, ps: (path, sidecar_content(list(rs), list(ps), model, specs,
+                                                             intersect, fingerprint, cell_id)),
+                    beam.pvalue.AsList(wanted), presence))
     return build
 
 

@@ -133,7 +133,7 @@ def _fill(text: str, values: dict, where: str, errors: list) -> str | None:
 def _check_keys(table: dict, known: set, where: str, errors: list, lines: Lines, name: str,
                 index: int | None) -> None:
     for key in sorted(set(table) - known):
-        errors.append(f"{where} (line {lines.of(name, index, key)}): unknown key {key!r}; "
+        errors.append(f"{where}: unknown key {key!r} at line {lines.of(name, index, key)}; "
                       f"known keys: {', '.join(sorted(known))}")
 
 

@@ -385,7 +385,11 @@ class ReadFiles(beam.PTransform):
         parts = []
         for name, source in sorted(self.sources.items()):
             reader = copy.copy(self.reader)
-            reader.sources = {name: source}
+            for attribute, value in vars(self.reader).items():
+                # per-source settings (sources, schemas) narrowed to this source, so that two
+                # jobs reading it with the same settings share the read
+                if isinstance(value, dict) and value and set(value) == set(self.sources):
+                    setattr(reader, attribute, {name: value[name]})
             key = (name, tuple(source.files), hashlib.sha256(pickler.dumps(reader)).hexdigest())
             if key not in shared:
                 shared[key] = self._read(pbegin, {name: source}, reader, f"[{name}]")
@@ -581,9 +585,16 @@ class WriteJsonl(beam.PTransform):
         self.sort_key = sort_key
 
     def expand(self, pcoll):
-        return (pcoll
-                | "Gather" >> beam.combiners.ToList()
-                | "Write" >> beam.Map(write_jsonl, self.path, self.sort_key))
+        # the elements as a side input of one write: the same list as ToList, in far fewer
+        # transforms (a sweep has a WriteJsonl per output of every cell)
+        return (pcoll.pipeline
+                | "Once" >> beam.Create([None])
+                | "Write" >> beam.Map(_write_all, beam.pvalue.AsList(pcoll), self.path,
+                                      self.sort_key))
+
+
+def _write_all(_, records, path: str, sort_key) -> int:
+    return write_jsonl(list(records), path, sort_key)
 
 
 def write_jsonl(records: list, path: str, sort_key=None) -> int:

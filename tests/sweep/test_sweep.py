@@ -1,0 +1,327 @@
+"""`evalbeam sweep` on classification cells: each cell equals its run alone, the leaderboard's
+comparisons equal --compare_to's, reruns skip what is done, a killed sweep resumes with exactly
+its unfinished cells, a changed input reruns exactly its cells, a broken cell fails alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
+
+LABELS = ["cat", "dog", "bird"]
+MODELS = {"good": 0.9, "fair": 0.75, "poor": 0.55}
+
+
+def make_data(folder: Path, datasets=("alpha", "beta"), n=240, seed=0):
+    """Per dataset a ground truth with a region and one predictions file per model."""
+    rng = random.Random(seed)
+    for d in datasets:
+        truth = [rng.choice(LABELS) for _ in range(n)]
+        write_jsonl(folder / d / "gt.jsonl", [
+            {"datum_uid": f"{d}-{i:04d}", "labels": [{"key": "class", "value": v}],
+             "metadata": {"region": rng.choice(["eu", "us"])}} for i, v in enumerate(truth)])
+        for model, accuracy in MODELS.items():
+            rows = []
+            for i, v in enumerate(truth):
+                top = v if rng.random() < accuracy else rng.choice(LABELS)
+                scores = {x: round(rng.uniform(0.0, 0.3), 3) for x in LABELS}
+                scores[top] = round(rng.uniform(0.5, 1.0), 3)
+                rows.append({"datum_uid": f"{d}-{i:04d}",
+                             "labels": [{"key": "class", "value": x, "score": s} for x, s in scores.items()]})
+            rng.shuffle(rows)   # input order must not matter
+            write_jsonl(folder / d / f"{model}.jsonl", rows)
+
+
+MANIFEST = """
+[sweep]
+bootstrap = {bootstrap}
+{extra}
+
+[[dataset]]
+name = "alpha"
+task = "classification"
+groundtruths = "{root}/{{dataset}}/gt.jsonl"
+options = {{ slice = ["region"], score_thresholds = [0.0, 0.5] }}
+
+[[dataset]]
+name = "beta"
+task = "classification"
+groundtruths = "{root}/{{dataset}}/gt.jsonl"
+
+[[model]]
+name = "good"
+predictions = "{root}/{{dataset}}/good.jsonl"
+
+[[model]]
+name = "fair"
+predictions = "{root}/{{dataset}}/fair.jsonl"
+
+[[model]]
+name = "poor"
+predictions = {{ alpha = "{root}/alpha/poor.jsonl", beta = "{root}/beta/poor.jsonl" }}
+"""
+
+
+def write_manifest(folder: Path, bootstrap=100, extra="") -> str:
+    path = folder / "sweep.toml"
+    path.write_text(MANIFEST.format(root=folder, bootstrap=bootstrap, extra=extra))
+    return str(path)
+
+
+def sweep(args) -> int:
+    from evalbeam.pipelines.sweep import run
+
+    return run([str(a) for a in args])
+
+
+def info(out: Path) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def ran(out: Path) -> set[str]:
+    return {c["cell"] for c in info(out)["cells"] if c["ran"]}
+
+
+CELLS = {f"{d}/{m}" for d in ("alpha", "beta") for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep-data")
+    make_data(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def finished(data, tmp_path_factory):
+    """A finished sweep of the 6 cells with 100 replicates."""
+    out = tmp_path_factory.mktemp("sweep-out") / "out"
+    assert sweep([write_manifest(data), "--output", out, "--quiet"]) == 0
+    return out
+
+
+def test_every_cell_equals_its_run_alone(data, finished, tmp_path):
+    assert info(finished)["status"] == "complete" and ran(finished) == CELLS
+    for d, options in (("alpha", ["--slice", "region", "--score_thresholds", "0.0,0.5"]), ("beta", [])):
+        for model in MODELS:
+            alone = tmp_path / d / model
+            assert run_classification(
+                ["--groundtruths", data / d / "gt.jsonl", "--predictions", f"{model}={data / d / model}.jsonl",
+                 "--output", alone, "--bootstrap", "100", "--quiet", *options]) == 0
+            cell = finished / "cells" / d / model
+            assert (cell / "metrics.jsonl").read_bytes() == (alone / "metrics.jsonl").read_bytes()
+            assert (cell / "rejected.jsonl").read_bytes() == (alone / "rejected.jsonl").read_bytes()
+            run_json = json.loads((cell / "run.json").read_text())
+            assert run_json["status"] == "complete" and run_json["sweep"]["cell"] == f"{d}/{model}"
+
+
+def test_leaderboard_ranks_and_comparisons_equal_compare_to(data, finished, tmp_path):
+    rows = read_jsonl(finished / "leaderboard.jsonl")
+    # one row per (dataset, model, slice): alpha has (all) + eu + us, beta (all)
+    assert len(rows) == 3 * 3 + 3
+    top = [r for r in rows if r["dataset"] == "alpha" and r["slice"] == {}]
+    assert [r["model"] for r in sorted(top, key=lambda r: r["rank"])] == ["good", "fair", "poor"]
+    assert len({r["datum_fingerprint"] for r in top}) == 1 and all(r["comparable"] for r in top)
+    assert all(r["datums"] == 240 for r in top)
+    # the same comparison made inside one run with --compare_to
+    alone = tmp_path / "together"
+    assert run_classification(
+        ["--groundtruths", data / "alpha" / "gt.jsonl", "--predictions", f"good={data}/alpha/good.jsonl",
+         "--predictions", f"fair={data}/alpha/fair.jsonl", "--compare_to", "good",
+         "--slice", "region", "--score_thresholds", "0.0,0.5",
+         "--output", alone, "--bootstrap", "100", "--quiet"]) == 0
+    together = [r for r in read_jsonl(alone / "metrics.jsonl") if r["type"] == "Comparison"
+                and r["parameters"]["metric"] == "Accuracy" and r["slice"] == {}
+                and r["parameters"]["metric_parameters"]["score_threshold"] == 0.0]
+    fair = next(r for r in top if r["model"] == "fair")
+    columns = [c for c in fair["metrics"] if c.startswith("Accuracy")]
+    assert len(columns) == 2   # two thresholds: two Accuracy columns
+    column = next(c for c in columns if '"score_threshold":0.0' in c)
+    comparison = fair["metrics"][column]["comparison"]
+    assert comparison["against"] == "good"
+    assert comparison["difference"] == pytest.approx(together[0]["value"], abs=1e-15)
+    assert comparison["interval"]["low"] == together[0]["interval"]["low"]
+    assert comparison["interval"]["high"] == together[0]["interval"]["high"]
+    assert 0.0 <= comparison["p_value_adjusted"] <= 1.0
+    csv_lines = (finished / "leaderboard.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(rows) and csv_lines[0].startswith("dataset,task,slice,model,rank")
+
+
+def test_rerun_evaluates_nothing_and_force_reruns_all(data, finished):
+    before = (finished / "leaderboard.jsonl").read_bytes()
+    started = time.time()
+    assert sweep([write_manifest(data), "--output", finished, "--quiet"]) == 0
+    assert ran(finished) == set() and info(finished)["skipped"] == 6
+    assert (finished / "leaderboard.jsonl").read_bytes() == before
+    assert time.time() - started < 10
+    assert sweep([write_manifest(data), "--output", finished, "--quiet", "--force"]) == 0
+    assert ran(finished) == CELLS
+    assert (finished / "leaderboard.jsonl").read_bytes() == before
+
+
+def test_changed_input_reruns_exactly_its_cells(data, tmp_path):
+    local = tmp_path / "data"
+    shutil.copytree(data, local)
+    out = tmp_path / "out"
+    manifest = write_manifest(local, bootstrap=0)
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    lines = (local / "beta" / "fair.jsonl").read_text().splitlines(keepends=True)
+    (local / "beta" / "fair.jsonl").write_text("".join(reversed(lines)))   # new content, same rows
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    assert ran(out) == {"beta/fair"}
+    (local / "alpha" / "gt.jsonl").write_text((local / "alpha" / "gt.jsonl").read_text() + "\n")
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    assert ran(out) == {"alpha/good", "alpha/fair", "alpha/poor"}
+    # an option of one dataset reruns that dataset's cells only
+    text = Path(manifest).read_text().replace('groundtruths = "' + str(local) + '/{dataset}/gt.jsonl"\n\n[[model]]',
+                                              'groundtruths = "' + str(local) + '/{dataset}/gt.jsonl"\noptions = { hardmax = false }\n\n[[model]]', 1)
+    Path(manifest).write_text(text)
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    assert ran(out) == {"beta/good", "beta/fair", "beta/poor"}
+
+
+def test_sweep_reads_a_shared_ground_truth_once(data, tmp_path):
+    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.pipelines.sweep import _add_cells, plan_cells
+    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.transforms.io import SHARED_READS, share_reads
+
+    import argparse
+
+    manifest = load(write_manifest(data, bootstrap=0))
+    plans = plan_cells(manifest, str(tmp_path / "out"), [], argparse.Namespace(num_shards=None), time.time())
+    pipeline = local_pipeline()
+    share_reads(pipeline)
+    _add_cells(pipeline, plans, time.time(), sidecars=True)
+    reads = getattr(pipeline, SHARED_READS)
+    # 2 ground truths + 6 predictions files, though 6 cells read a ground truth each
+    assert sorted(name for name, _, _ in reads) == ["fair", "fair", "good", "good",
+                                                   "groundtruths", "groundtruths", "poor", "poor"]
+
+
+def test_killed_sweep_resumes_with_its_unfinished_cells(data, finished, tmp_path):
+    out = tmp_path / "out"
+    manifest = write_manifest(data)
+    process = subprocess.Popen([sys.executable, "-m", "evalbeam.pipelines.cli", "sweep", manifest,
+                                "--output", str(out), "--quiet"], cwd=str(ROOT),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and process.poll() is None:
+            done = [c for c in CELLS if _status(out / "cells" / c) == "complete"]
+            if done:
+                break
+            time.sleep(0.02)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    unfinished = {c for c in CELLS if _status(out / "cells" / c) != "complete"}
+    assert not (out / "leaderboard.jsonl").exists() or info(out)["status"] != "running"
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    assert ran(out) == unfinished
+    for cell in CELLS:
+        assert (out / "cells" / cell / "metrics.jsonl").read_bytes() == \
+            (finished / "cells" / cell / "metrics.jsonl").read_bytes()
+    assert (out / "leaderboard.jsonl").read_bytes() == (finished / "leaderboard.jsonl").read_bytes()
+    assert not [p for p in out.rglob(".evalbeam-tmp-*")]
+
+
+def _status(folder: Path):
+    try:
+        return json.loads((folder / "run.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_truncated_input_stops_the_sweep_before_it_runs(data, tmp_path, capsys):
+    local = tmp_path / "data"
+    shutil.copytree(data, local)
+    import gzip
+
+    blob = gzip.compress((local / "beta" / "poor.jsonl").read_bytes())
+    (local / "beta" / "poor.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    manifest = Path(write_manifest(local, bootstrap=0))
+    manifest.write_text(manifest.read_text().replace(f'beta = "{local}/beta/poor.jsonl"',
+                                                     f'beta = "{local}/beta/poor.jsonl.gz"'))
+    assert sweep([manifest, "--output", tmp_path / "out", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cell beta/poor (manifest line" in err and "cut short" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_broken_cell_fails_alone(data, tmp_path, monkeypatch):
+    from evalbeam.transforms.classification import MatchClassification
+
+    original = MatchClassification.process
+
+    def broken(self, element, *args, **kwargs):   # a bug that strikes one cell only
+        if any("beta/poor" in path for paths in self.files.values() for path in paths):
+            raise RuntimeError("injected failure")
+        yield from original(self, element, *args, **kwargs)
+
+    monkeypatch.setattr(MatchClassification, "process", broken)
+    out = tmp_path / "out"
+    manifest = write_manifest(data, bootstrap=0)
+    assert sweep([manifest, "--output", out, "--quiet"]) == 3
+    cells = {c["cell"]: c for c in info(out)["cells"]}
+    assert cells["beta/poor"]["status"] == "failed" and "injected failure" in cells["beta/poor"]["error"]
+    assert not (out / "cells" / "beta" / "poor" / "metrics.jsonl").exists()
+    assert json.loads((out / "cells" / "beta" / "poor" / "run.json").read_text())["status"] == "failed"
+    assert all(c["status"] == "complete" for name, c in cells.items() if name != "beta/poor")
+    assert info(out)["status"] == "failed" and info(out)["exit_code"] == 3
+    assert {r["cell"] for r in read_jsonl(out / "leaderboard.jsonl")} == CELLS - {"beta/poor"}
+    # fixed: the rerun runs the broken cell only
+    monkeypatch.setattr(MatchClassification, "process", original)
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    assert ran(out) == {"beta/poor"}
+    assert {r["cell"] for r in read_jsonl(out / "leaderboard.jsonl")} == CELLS
+
+
+def test_rejections_fail_their_cell_only(data, tmp_path):
+    local = tmp_path / "data"
+    shutil.copytree(data, local)
+    with open(local / "alpha" / "fair.jsonl", "a") as stream:
+        stream.write("{not json\n")
+    out = tmp_path / "out"
+    assert sweep([write_manifest(local, bootstrap=0), "--output", out, "--quiet"]) == 1
+    cells = {c["cell"]: c for c in info(out)["cells"]}
+    assert cells["alpha/fair"]["status"] == "complete_with_rejections"
+    assert cells["alpha/fair"]["counts"]["rows_rejected"] == 1
+    assert sum(c["status"] == "complete" for c in cells.values()) == 5
+    rejected = read_jsonl(out / "cells" / "alpha" / "fair" / "rejected.jsonl")
+    assert len(rejected) == 1 and rejected[0]["source"] == "fair" and rejected[0]["line"] == 241
+    # allowed in the manifest: every cell complete, exit 0
+    assert sweep([write_manifest(local, bootstrap=0, extra="max_rejected_fraction = 0.01"),
+                  "--output", out, "--quiet"]) == 0
+
+
+def test_dry_run_lists_cells_and_writes_nothing(data, finished, tmp_path, capsys):
+    out = tmp_path / "fresh"
+    assert sweep([write_manifest(data), "--output", out, "--dry_run"]) == 0
+    assert not out.exists()
+    text = capsys.readouterr().out
+    assert "6 of 6 cell(s) would run" in text and "alpha/good" in text
+    before = (finished / "sweep.json").read_bytes()
+    assert sweep([write_manifest(data), "--output", finished, "--dry_run"]) == 0
+    assert "0 of 6 cell(s) would run" in capsys.readouterr().out
+    assert (finished / "sweep.json").read_bytes() == before
+
+
+@pytest.mark.multiprocess
+def test_multi_process_sweep_equals_in_process(data, finished, tmp_path):
+    out = tmp_path / "out"
+    assert sweep([write_manifest(data), "--output", out, "--quiet", *MULTIPROCESS]) == 0
+    for cell in CELLS:
+        assert (out / "cells" / cell / "metrics.jsonl").read_bytes() == \
+            (finished / "cells" / cell / "metrics.jsonl").read_bytes()
+    assert (out / "leaderboard.jsonl").read_bytes() == (finished / "leaderboard.jsonl").read_bytes()

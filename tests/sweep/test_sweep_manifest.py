@@ -1,0 +1,182 @@
+"""Bad sweep manifests: one clear message each (naming the manifest line), exit 2, nothing run
+or written. And the expansion of a good one into cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import write_jsonl
+
+GOOD = """
+[[dataset]]
+name = "alpha"
+task = "classification"
+groundtruths = "{root}/{{dataset}}/gt.jsonl"
+
+[[model]]
+name = "resnet"
+predictions = "{root}/{{dataset}}/{{model}}.jsonl"
+"""
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    for d in ("alpha", "beta"):
+        write_jsonl(tmp_path / d / "gt.jsonl", [{"datum_uid": "a", "labels": [{"key": "k", "value": "x"}]}])
+        for m in ("resnet", "vit"):
+            write_jsonl(tmp_path / d / f"{m}.jsonl",
+                        [{"datum_uid": "a", "labels": [{"key": "k", "value": "x", "score": 1.0}]}])
+    return tmp_path
+
+
+def sweep_fails(root: Path, text: str, capsys, validate: bool = False) -> str:
+    from evalbeam.pipelines.sweep import run
+
+    manifest = root / "sweep.toml"
+    manifest.write_text(text)
+    out = root / "out"
+    argv = (["validate", str(manifest)] if validate else [str(manifest), "--output", str(out)])
+    assert run(argv) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_good_manifest_validates(root, capsys):
+    from evalbeam.pipelines.sweep import run
+
+    manifest = root / "sweep.toml"
+    manifest.write_text(GOOD.format(root=root))
+    assert run(["validate", str(manifest)]) == 0
+    assert "1 cell(s) over 1 dataset(s) and 1 model(s)" in capsys.readouterr().out
+
+
+def test_unknown_key_names_its_line(root, capsys):
+    text = GOOD.format(root=root).replace('task = "classification"', 'task = "classification"\nslices = ["x"]')
+    err = sweep_fails(root, text, capsys)
+    assert "[[dataset]] #1 (line 2): unknown key 'slices' at line 5" in err
+
+
+def test_unknown_top_level_table(root, capsys):
+    err = sweep_fails(root, GOOD.format(root=root) + '\n[datasets]\nname = "x"\n', capsys)
+    assert "(line 11): unknown key 'datasets'" in err
+
+
+def test_missing_file(root, capsys):
+    (root / "alpha" / "resnet.jsonl").unlink()
+    err = sweep_fails(root, GOOD.format(root=root), capsys, validate=True)
+    assert "cell alpha/resnet (manifest line 2)" in err and "resnet.jsonl" in err
+
+
+def test_placeholder_without_value(root, capsys):
+    text = GOOD.format(root=root).replace("{model}.jsonl", "{modle}.jsonl")
+    err = sweep_fails(root, text, capsys)
+    assert "placeholder {modle}" in err and "line 9" in err and "known: {dataset}, {model}, {task}" in err
+
+
+def test_two_cells_writing_the_same_folder(root, capsys):
+    text = GOOD.format(root=root) + f"""
+[[dataset]]
+name = "ALPHA"
+task = "classification"
+groundtruths = "{root}/alpha/gt.jsonl"
+"""
+    err = sweep_fails(root, text, capsys)
+    assert "alpha/resnet and ALPHA/resnet would write the same folder" in err
+
+
+def test_duplicate_names_and_unknown_task(root, capsys):
+    text = GOOD.format(root=root) + GOOD.format(root=root).replace('"classification"', '"clasification"')
+    err = sweep_fails(root, text, capsys)
+    assert "a dataset named 'alpha' is already defined at line 2" in err
+    assert "unknown task 'clasification'" in err
+    assert "a model named 'resnet' is already defined" in err
+
+
+def test_unknown_and_reserved_options(root, capsys):
+    text = GOOD.format(root=root).replace('task = "classification"',
+                                          'task = "classification"\noptions = { score_treshold = 0.5 }')
+    err = sweep_fails(root, text, capsys)
+    assert "unknown option 'score_treshold'" in err and "cell alpha/resnet" in err
+    text = GOOD.format(root=root).replace('task = "classification"',
+                                          'task = "classification"\noptions = { output = "x" }')
+    assert "set by the sweep" in sweep_fails(root, text, capsys)
+
+
+def test_bad_option_value_is_the_tasks_message(root, capsys):
+    text = GOOD.format(root=root).replace('task = "classification"',
+                                          'task = "classification"\noptions = { score_thresholds = [2.0] }')
+    err = sweep_fails(root, text, capsys)
+    assert "--score_thresholds must lie in [0, 1]" in err
+
+
+def test_not_toml(root, capsys):
+    err = sweep_fails(root, "[[dataset]\nname = ", capsys)
+    assert "not valid TOML" in err and "line 1" in err
+
+
+def test_missing_manifest(tmp_path, capsys):
+    from evalbeam.pipelines.sweep import run
+
+    assert run([str(tmp_path / "nope.toml"), "--output", str(tmp_path / "out")]) == 2
+    assert "cannot read the sweep manifest" in capsys.readouterr().err
+
+
+def test_foreign_leaderboard_is_refused(root, capsys):
+    from evalbeam.pipelines.sweep import run
+
+    manifest = root / "sweep.toml"
+    manifest.write_text(GOOD.format(root=root))
+    (root / "out").mkdir()
+    (root / "out" / "leaderboard.csv").write_text("mine\n")
+    assert run([str(manifest), "--output", str(root / "out")]) == 2
+    assert "did not write" in capsys.readouterr().err
+    assert (root / "out" / "leaderboard.csv").read_text() == "mine\n"
+
+
+def test_expansion(root):
+    from evalbeam.pipelines.sweep_manifest import load
+
+    text = f"""
+[[dataset]]
+name = "alpha"
+task = "classification"
+groundtruths = "{root}/{{dataset}}/gt.jsonl"
+options = {{ slice = ["region", ["region", "site"]], hardmax = false }}
+
+[[dataset]]
+name = "beta"
+task = "classification"
+groundtruths = "{root}/{{dataset}}/gt.jsonl"
+models = ["vit"]
+
+[[model]]
+name = "resnet"
+predictions = {{ alpha = "{root}/alpha/resnet.jsonl" }}
+
+[[model]]
+name = "vit"
+predictions = "{root}/{{dataset}}/vit.jsonl"
+options = {{ max_examples = 0 }}
+
+[[cell]]
+dataset = "alpha"
+model = "vit"
+options = {{ max_examples = 2 }}
+"""
+    path = root / "sweep.toml"
+    path.write_text(text)
+    manifest = load(str(path))
+    assert [(c.id, c.predictions.split("/")[-1]) for c in manifest.cells] == [
+        ("alpha/resnet", "resnet.jsonl"), ("alpha/vit", "vit.jsonl"), ("beta/vit", "vit.jsonl")]
+    options = {c.id: c.options for c in manifest.cells}
+    assert options["alpha/vit"]["max_examples"] == 2 and options["beta/vit"]["max_examples"] == 0
+    from evalbeam.pipelines.launcher import build_parser
+    from evalbeam.pipelines.registry import spec_of
+    from evalbeam.pipelines.sweep_manifest import option_args
+
+    args = option_args(options["alpha/resnet"], build_parser(spec_of("classification")), "here")
+    assert args == ["--slice", "region", "--slice", "region,site", "--no_hardmax"]
