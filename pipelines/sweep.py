@@ -36,7 +36,8 @@ ENDED = ("complete", "complete_with_rejections")
 # options that change how a cell runs, not what it computes: left out of the fingerprint
 NOT_IN_FINGERPRINT = {"num_shards", "rpm", "tpm", "concurrency", "workers", "timeout_s",
                       "deadline_s", "max_attempts", "journal", "skip_check", "dry_run",
-                      "max_calls", "max_cost"}
+                      "max_calls", "max_cost", "api_key_env", "price_prompt_1k",
+                      "price_completion_1k"}
 # a task that averages each model over the datums it answered (pipelines/leaderboard.py)
 OWN_DATUMS = {"retrieval": lambda config: not getattr(config, "complete", True)}
 
@@ -90,6 +91,11 @@ def run(argv: list[str]) -> int:
         say_error(str(error))
         return EXIT_USAGE
     if validate_only:
+        try:
+            check_judge_once(plans)
+        except UsageError as error:
+            say_error(str(error))
+            return EXIT_USAGE
         judge = sum(1 for p in plans if p.judged)
         print(f"{args.manifest}: {len(plans)} cell(s) over {len({p.cell.dataset for p in plans})} "
               f"dataset(s) and {len({p.cell.model for p in plans})} model(s), every input "
@@ -99,7 +105,23 @@ def run(argv: list[str]) -> int:
         plan.decide(args.force)
     if args.dry_run:
         return dry_run(plans, manifest, output, beam_args, args, started)
+    try:
+        check_judge_once([p for p in plans if p.runs])
+    except UsageError as error:
+        say_error(f"{error} Nothing ran.")
+        return EXIT_USAGE
     return run_sweep(plans, manifest, output, beam_args, args, started)
+
+
+def check_judge_once(plans: list) -> None:
+    """The judge endpoint and key checked once (pipelines.judge_options.check_judge), if any of
+    these cells calls the judge and the manifest does not say skip_check; raises UsageError."""
+    from evalbeam.pipelines.judge_options import check_judge
+
+    judged = [p for p in plans if p.judged]
+    if judged and not judged[0].manifest_skip_check:
+        p = judged[0]
+        check_judge(p.config.judge_settings, key_named=p.args.judge_api_key_env is not None)
 
 
 def _usage_error(message: str):
@@ -116,6 +138,7 @@ class Plan:
         self.models, self.slices, self.folder, self.sources = models, slices, folder, sources
         self.run_info, self.beam_args, self.headlines, self.judged = run_info, beam_args, headlines, judged
         self.fingerprint = None
+        self.manifest_skip_check = False
         self.runs, self.why = True, "new"
         self.previous = None
 
@@ -173,7 +196,6 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
     judge_args = option_list({f"judge_{k}": v for k, v in manifest.judge.items()})
     if manifest.judge and "journal" not in manifest.judge:
         judge_args += ["--judge_journal", join(output, "judge-journal")]
-    checked_judge = False
     headline_errors = set()
     for cell in manifest.cells:
         spec = spec_of(cell.task)
@@ -188,13 +210,14 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
                 argv += ["--num_shards", str(sweep_args.num_shards)]
             judged = cell.task == "text" and bool(manifest.judge)
             if judged:
-                argv += judge_args
-                if checked_judge:
-                    argv.append("--judge_skip_check")
-            args, config, models, slices, cell_beam = parse_command(spec, argv, exit_on_error=False)
+                # the endpoint is checked once, after the sweep knows a judge cell will run
+                # (check_judge_once): a finished sweep reruns with the judge down
+                argv += judge_args + ["--judge_skip_check"]
+            # the Beam options too, as the run alone gets them (the judge's worker count)
+            args, config, models, slices, cell_beam = parse_command(spec, argv + beam_args,
+                                                                    exit_on_error=False)
             if getattr(config, "judge", None) is None:
                 judged = False
-            checked_judge = checked_judge or judged
             folder, sources, run_info, cell_beam = prepare_run(spec, config, args, models, slices,
                                                                beam_args, started)
         except (UsageError, InputError) as error:
@@ -218,6 +241,8 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
                           cell_beam, headlines, judged))
     if errors:
         raise ManifestError(errors)
+    for plan in plans:
+        plan.manifest_skip_check = bool(manifest.judge.get("skip_check"))
     _share_shards(plans)
     checksums: dict = {}
     for plan in plans:
@@ -406,7 +431,7 @@ def _judge_dry_run(todo: list[Plan], output: str, scratch: str, beam_args, start
         if "--judge_journal" not in argv:
             argv += ["--judge_journal", join(output, "judge-journal")]
         argv += ["--judge_dry_run"]
-        args, config, models, slices, _ = parse_command(p.spec, argv, exit_on_error=False)
+        args, config, models, slices, _ = parse_command(p.spec, argv + beam_args, exit_on_error=False)
         folder, sources, run_info, cell_beam = prepare_run(p.spec, config, args, models, slices,
                                                            beam_args, started)
         clone = Plan(p.cell, p.spec, args, config, models, slices, folder, sources, run_info,
