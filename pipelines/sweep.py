@@ -366,7 +366,7 @@ def sweep_info(manifest, plans: list[Plan], started: float, status: str) -> dict
         "status": status,
         "manifest": {"path": os.path.abspath(manifest.path),
                      "sha256": hashlib.sha256(raw).hexdigest(),
-                     "sweep": manifest.sweep, "judge": manifest.judge,
+                     "sweep": manifest.sweep, "judge": _safe_judge(manifest.judge),
                      "datasets": manifest.datasets, "models": manifest.models},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "versions": versions(),
@@ -377,6 +377,32 @@ def sweep_info(manifest, plans: list[Plan], started: float, status: str) -> dict
     }
 
 
+def _safe_url(url: str) -> str:
+    """A URL without user, password, query or fragment (where credentials could hide)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from evalbeam.transforms.judge.journal import endpoint_host
+
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, endpoint_host(url), parts.path, "", ""))
+
+
+def _safe_judge(judge: dict) -> dict:
+    """The [judge] table for sweep.json: the URL without credentials (_safe_url), anything
+    named like a secret masked."""
+    from evalbeam.pipelines.common import SECRET_WORDS
+
+    out = {}
+    for key, value in judge.items():
+        if key == "url" and isinstance(value, str):
+            out[key] = _safe_url(value)
+        elif any(word in key for word in SECRET_WORDS) and key != "api_key_env":
+            out[key] = "***"
+        else:
+            out[key] = value
+    return out
+
+
 def _safe_command(plan: Plan) -> str:
     """The cell's command line, as `evalbeam <task> ...` would take it (secrets never reach
     it: keys come from environment variables, which are named, not read, here)."""
@@ -385,6 +411,9 @@ def _safe_command(plan: Plan) -> str:
     from evalbeam.pipelines.common import safe_beam_args
 
     argv = [a for a in plan.cell.argv if a != "--judge_skip_check"]
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--judge_url":
+            argv[i + 1] = _safe_url(argv[i + 1])
     return " ".join(shlex.quote(a) for a in ["evalbeam", plan.cell.task] + safe_beam_args(argv))
 
 

@@ -180,3 +180,15 @@ options = {{ max_examples = 2 }}
 
     args = option_args(options["alpha/resnet"], build_parser(spec_of("classification")), "here")
     assert args == ["--slice", "region", "--slice", "region,site", "--no_hardmax"]
+
+
+def test_secrets_stay_out_of_messages_and_sweep_json(root, capsys):
+    from evalbeam.pipelines.sweep import _safe_judge, _safe_url
+
+    text = GOOD.format(root=root).replace('task = "classification"', 'task = "text"')
+    text = '[judge]\nurl = "http://127.0.0.1:9/v1"\napi_key = "sk-supersecret"\n' + text
+    err = sweep_fails(root, text, capsys)
+    assert "sk-supersecret" not in err and "--judge_api_key ***" in err
+    assert _safe_url("https://bob:hunter2@api.example.com:8443/v1?key=abc#x") == "https://api.example.com:8443/v1"
+    safe = _safe_judge({"url": "https://u:hunter2@h/v1", "api_key_env": "MY_KEY", "token": "t0k"})
+    assert safe == {"url": "https://h/v1", "api_key_env": "MY_KEY", "token": "***"}
