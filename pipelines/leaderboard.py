@@ -264,7 +264,12 @@ def build(cells: list[dict], confidence: float, baselines: dict) -> tuple[list[d
 
 
 def _primary(members: list[dict]) -> str:
-    return min((m["primary"] for m in members), key=str)
+    """The group's ranking column: the first headline column its rows have (the same for every
+    row of a dataset, whose cells share their headline specs)."""
+    counts: dict[str, int] = {}
+    for m in members:
+        counts[m["primary"]] = counts.get(m["primary"], 0) + 1
+    return max(sorted(counts), key=lambda c: counts[c])
 
 
 def _sort_value(row: dict, column: str):

@@ -538,7 +538,6 @@ def _split_judge_rates(plans: list[Plan]) -> None:
 
 
 def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started: float) -> int:
-    from evalbeam.pipelines.launcher import failure_of  # noqa: F401  (import check)
     from evalbeam.transforms.io import InputError, join, read_json
 
     todo = [p for p in plans if p.runs]
@@ -595,7 +594,6 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
     returns the exit code."""
     from evalbeam.pipelines import leaderboard
     from evalbeam.transforms.io import join, read_json
-    from evalbeam.transforms.outputs import write_json_atomic
 
     info = sweep_info(manifest, plans, started, "complete")
     finished, codes = [], []
@@ -644,7 +642,6 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
                                                     f" ({' '.join(c['problems'])})" if c["problems"] else "")
             for c in bad[:10]) + f". sweep.json and each cell's run.json say more; the other "
               "cells' outputs are complete.", file=sys.stderr)
-    _ = write_json_atomic
     return code
 
 
@@ -661,7 +658,6 @@ def _write_text(path: str, text: str) -> None:
 
 
 def summary(info: dict, rows: list[dict], output: str) -> str:
-    from evalbeam.pipelines.leaderboard import slice_text
     from evalbeam.pipelines.summary import _table, printable
 
     def fmt(metric):

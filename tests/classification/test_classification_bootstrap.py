@@ -18,7 +18,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import MULTIPROCESS, read_jsonl, run_classification, write_jsonl
+from helpers import read_jsonl, run_classification, write_jsonl
 from sklearn import metrics as skm
 from test_classification_kernel import KeyData, make_key, oracle_records, random_key
 
@@ -307,9 +307,7 @@ def test_intervals_do_not_depend_on_shards_or_input_order(small, reference, tmp_
     assert _run(shuffled, tmp_path / "shuf-out", *BOOT, "--num_shards", "4") == reference
 
 
-@pytest.mark.multiprocess
-def test_multiprocess_runner_gives_the_same_intervals(small, reference, tmp_path):
-    assert _run(small, tmp_path / "mp", *BOOT, "--num_shards", "3", *MULTIPROCESS) == reference
+# The multi-process runner's intervals: tests/test_golden.py runs classification_bootstrap on it.
 
 
 def test_point_values_are_the_run_without_bootstrap(small, reference, tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
+from helpers import ROOT, read_jsonl, run_classification, write_jsonl
 
 LABELS = ["cat", "dog", "bird"]
 MODELS = {"good": 0.9, "fair": 0.75, "poor": 0.55}
@@ -317,11 +317,4 @@ def test_dry_run_lists_cells_and_writes_nothing(data, finished, tmp_path, capsys
     assert (finished / "sweep.json").read_bytes() == before
 
 
-@pytest.mark.multiprocess
-def test_multi_process_sweep_equals_in_process(data, finished, tmp_path):
-    out = tmp_path / "out"
-    assert sweep([write_manifest(data), "--output", out, "--quiet", *MULTIPROCESS]) == 0
-    for cell in CELLS:
-        assert (out / "cells" / cell / "metrics.jsonl").read_bytes() == \
-            (finished / "cells" / cell / "metrics.jsonl").read_bytes()
-    assert (out / "leaderboard.jsonl").read_bytes() == (finished / "leaderboard.jsonl").read_bytes()
+# The sweep on the multi-process runner: tests/sweep/test_sweep_mixed.py (every task kind).
