@@ -30,6 +30,7 @@ import time
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REJECTED,
                                        EXIT_USAGE, UsageError, say_error, split_beam_args)
 from evalbeam.pipelines.sweep_manifest import Cell, ManifestError, load, option_args
+from evalbeam.transforms.outputs import EXIT_CODES, _exists
 
 SWEEP_JSON, LEADERBOARD_JSONL, LEADERBOARD_CSV = "sweep.json", "leaderboard.jsonl", "leaderboard.csv"
 ENDED = ("complete", "complete_with_rejections")
@@ -344,12 +345,6 @@ def check_sweep_folder(output: str) -> None:
                          "did not write; choose another --output or move them away")
 
 
-def _exists(path: str) -> bool:
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.exists(path)
-
-
 def write_sweep_json(output: str, info: dict) -> None:
     from evalbeam.transforms.io import join
     from evalbeam.transforms.outputs import write_json_atomic
@@ -583,8 +578,6 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
     return finish(plans, manifest, output, started, failures, args.quiet)
 
 
-EXIT_OF = {"complete": EXIT_OK, "complete_with_rejections": EXIT_REJECTED,
-           "incomplete": EXIT_INCOMPLETE, "failed": EXIT_FAILED}
 WORST = (EXIT_FAILED, EXIT_INCOMPLETE, EXIT_REJECTED, EXIT_OK)
 
 
@@ -612,7 +605,7 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
             entry["error"] = failures[p.cell.id]
         elif run_json.get("error"):
             entry["error"] = run_json["error"]
-        codes.append(EXIT_OF.get(status, EXIT_FAILED))
+        codes.append(EXIT_CODES.get(status, EXIT_FAILED))
         side = _read_or_none(p.sidecar_path, read_json) if status in ENDED else None
         if side is not None and side.get("fingerprint") == p.fingerprint:
             finished.append({"cell": p.cell.id, "dataset": p.cell.dataset, "task": p.cell.task,
