@@ -109,7 +109,10 @@ SPEC = TaskSpec(
     summary="evaluate classification predictions of one or more models against ground truth",
     input_help=".jsonl or .parquet rows",
     add_arguments=add_arguments, configure=configure, options=options,
-    check_source=check_source, transforms="evalbeam.transforms.classification", summarize=summarize)
+    check_source=check_source, transforms="evalbeam.transforms.classification", summarize=summarize,
+    # records cover only the label values a model's own rows or the ground truth hold
+    # (kernels.classification.key_metrics), so the other models of a run change none of them
+    separable_models=True)
 
 
 run = SPEC.run

@@ -500,20 +500,39 @@ def execute(plans: list[Plan], beam_args: list[str], quiet: bool, started: float
 
 
 def _add_cells(pipeline, plans: list[Plan], started: float, sidecars: bool) -> None:
+    """Every cell's graph: a group of cells that differ only in their model as one multi-model
+    graph (pipelines/sweep_cells.py), any other cell as its own launcher.TaskJob."""
     from evalbeam.pipelines.launcher import TaskJob
     from evalbeam.pipelines.leaderboard import cell_sidecar
+    from evalbeam.pipelines.sweep_cells import CellGroupJob, groups_of
     from evalbeam.transforms.evaluated import FilesJob
 
-    for p in plans:
-        p.folder.start(p.run_info)
-        job = FilesJob(p.sources, tuple(sorted(p.models)), tuple(p.slices),
+    for group in groups_of(plans):
+        for p in group:
+            p.folder.start(p.run_info)
+        p = group[0]
+        own_datums = OWN_DATUMS.get(p.cell.task, lambda c: False)(p.config)
+        if len(group) == 1:
+            job = FilesJob(p.sources, tuple(sorted(p.models)), tuple(p.slices),
+                           p.run_info["options"]["num_shards"], True, started, p.folder.temp,
+                           p.args.uncertainty, None, presence=sidecars)
+            sidecar = (cell_sidecar(p.sidecar_path, p.cell.model, p.headlines, own_datums,
+                                    p.fingerprint, p.cell.id) if sidecars else None)
+            _ = pipeline | f"Cell[{p.cell.id}]" >> TaskJob(
+                p.spec, p.config, job, p.folder, p.run_info, p.args.max_rejected_fraction, sidecar)
+            continue
+        sources = {}
+        for member in group:
+            sources.update(member.sources)
+        # the task writes no file of its own here (CellGroupJob takes no task with extra outputs)
+        job = FilesJob(sources, tuple(sorted(m.cell.model for m in group)), tuple(p.slices),
                        p.run_info["options"]["num_shards"], True, started, p.folder.temp,
                        p.args.uncertainty, None, presence=sidecars)
-        own_datums = OWN_DATUMS.get(p.cell.task, lambda c: False)(p.config)
-        sidecar = (cell_sidecar(p.sidecar_path, p.cell.model, p.headlines, own_datums,
-                                p.fingerprint, p.cell.id) if sidecars else None)
-        _ = pipeline | f"Cell[{p.cell.id}]" >> TaskJob(
-            p.spec, p.config, job, p.folder, p.run_info, p.args.max_rejected_fraction, sidecar)
+        cells = {m.cell.model: (m.folder, m.run_info,
+                                (m.sidecar_path, m.fingerprint, m.cell.id) if sidecars else None)
+                 for m in group}
+        _ = pipeline | f"Cells[{p.cell.id} and {len(group) - 1} more]" >> CellGroupJob(
+            p.spec, p.config, job, cells, p.args.max_rejected_fraction, p.headlines, own_datums)
 
 
 def _split_judge_rates(plans: list[Plan]) -> None:

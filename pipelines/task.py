@@ -43,7 +43,10 @@ class TaskSpec:
     min_shards: the fewest datum shards by default; known_formats: inputs must be .jsonl or
       .parquet files (False: the task reads other formats, e.g. TREC files);
     interval_unit: what one bootstrap weight is drawn for ("datum", "image", "query"), as the
-      intervals of metrics.jsonl name it."""
+      intervals of metrics.jsonl name it;
+    separable_models: each model's records of a multi-model run are exactly those of the model
+      run alone, and its problems carry their "model": a sweep then runs the cells of one
+      dataset as one multi-model graph (pipelines/sweep_cells.py)."""
 
     name: str
     summary: str
@@ -58,6 +61,7 @@ class TaskSpec:
     min_shards: int = 1
     known_formats: bool = True
     interval_unit: str = "datum"
+    separable_models: bool = False
 
     def plumbing(self):
         return importlib.import_module(self.transforms)

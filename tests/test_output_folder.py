@@ -191,8 +191,11 @@ def test_a_kill_at_any_step_of_publishing_never_looks_complete(tmp_path, monkeyp
     monkeypatch.setattr(FileSystems, "rename", staticmethod(counted("rename")))
     monkeypatch.setattr(FileSystems, "delete", staticmethod(counted("delete")))
     monkeypatch.setattr(outputs, "write_json_atomic", counted("write"))
+    steps.update(n=0, kill_at=None)
+    assert run(data, out) == 0
+    total = steps["n"]     # the file-system steps of one run: each is interrupted once below
     seen = set()
-    for kill_at in range(1, 12):
+    for kill_at in range(1, total + 2):
         steps.update(n=0, kill_at=kill_at, at_kill=None)
         try:
             code = run(data, out)

@@ -9,8 +9,9 @@ bootstrap (kernels.bootstrap), each shard draws its datums' weights once and eve
 carries the replicates' weighted counts; the records then hold internal replicate fields that
 transforms.uncertainty turns into intervals. Beside it,
 Vocabularies collects each source's label values (bounded: a key with more values than
-ClassificationConfig.value_limit is only marked as such and is not evaluated), their union for the
-kernels, and the run's findings on them (vocabulary_problems).
+ClassificationConfig.value_limit is only marked as such and is not evaluated), their unions for the
+kernels (per model: the ground truth's values and the model's own), and the run's findings on
+them (vocabulary_problems).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
-from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.merge import MergeStates, records_of
 
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
@@ -120,6 +121,15 @@ def union_vocabulary(per_source: dict, limit: int | None) -> dict:
     return combine.extract_output(acc)
 
 
+def model_vocabularies(per_source: dict, models: list[str], limit: int | None) -> dict:
+    """{source: {key: values or None}} -> {model: {key: sorted values or None}}, the vocabulary
+    a model is evaluated on: the ground truth's values and its own, never another model's (so
+    neither its records nor the bound on its keys depend on the other models of the run)."""
+    truth = per_source.get(GROUNDTRUTHS, {})
+    return {model: union_vocabulary({GROUNDTRUTHS: truth, model: per_source.get(model, {})}, limit)
+            for model in models}
+
+
 def too_many_values(key: str, config: ClassificationConfig) -> str:
     limit = config.value_limit
     square = (" The confusion matrix alone holds (V+1)^2 counts per score threshold; leaving "
@@ -135,41 +145,55 @@ def too_many_values(key: str, config: ClassificationConfig) -> str:
 def vocabulary_problems(per_source: dict, models: list[str], config: ClassificationConfig,
                         ) -> list[dict]:
     """The run's findings on label vocabularies ({source: {key: values or None}}): an error per
-    key beyond the vocabulary bound (not evaluated), then transforms.outputs.label_problems of
-    each model's keys and values against the ground truth's (keys beyond the bound left out;
-    nothing when the ground truth has no valid row, which is reported already)."""
+    key beyond the vocabulary bound in the ground truth (evaluated for no model), and per model
+    and key beyond it in the model's vocabulary (model_vocabularies; not evaluated for that
+    model), then
+    transforms.outputs.label_problems of each model's keys and values against the ground
+    truth's (keys beyond the bound left out; nothing when the ground truth has no valid row,
+    which is reported already). A problem about one model names it (problem()'s "model")."""
     from evalbeam.transforms.outputs import ERROR, label_problems, problem
 
-    vocab = union_vocabulary(per_source, config.value_limit)
-    over = sorted(key for key, values in vocab.items() if values is None)
-    found = [problem(ERROR, "label_values_over_limit", too_many_values(key, config)) for key in over]
+    # a key over the bound in the ground truth is over it for every model: said once
+    truth = per_source.get(GROUNDTRUTHS, {})
+    everywhere = sorted(key for key, values in truth.items() if values is None)
+    found = [problem(ERROR, "label_values_over_limit", too_many_values(key, config))
+             for key in everywhere]
+    over = {}
+    for model, vocab in model_vocabularies(per_source, models, config.value_limit).items():
+        over[model] = {key for key, values in vocab.items() if values is None}
+        found += [problem(ERROR, "label_values_over_limit",
+                          f"model {model!r}: " + too_many_values(key, config), model)
+                  for key in sorted(over[model] - set(everywhere))]
 
-    def sets(source: str) -> dict:
+    def sets(source: str, skip) -> dict:
         return {key: set(values) for key, values in per_source.get(source, {}).items()
-                if key not in over and values}
+                if key not in skip and values}
 
-    groundtruth = sets(GROUNDTRUTHS)
+    groundtruth = sets(GROUNDTRUTHS, set(everywhere))
     if groundtruth:
-        found += label_problems(groundtruth, {model: sets(model) for model in models})
+        found += label_problems(groundtruth, {model: sets(model, over[model]) for model in models})
     return found
 
 
-def refuse_over_limit(vocab: dict, config: ClassificationConfig) -> dict:
-    """The vocabulary, or ValueError naming a key beyond the bound (EvaluateClassification, which
-    has no run.json to record an incomplete run in)."""
-    over = sorted(key for key, values in vocab.items() if values is None)
-    if over:
-        raise ValueError(too_many_values(over[0], config))
-    return vocab
+def refuse_over_limit(vocabs: dict, config: ClassificationConfig) -> dict:
+    """The vocabularies ({model: {key: values or None}}), or ValueError naming a key beyond the
+    bound (EvaluateClassification, which has no run.json to record an incomplete run in)."""
+    for model, vocab in sorted(vocabs.items()):
+        over = sorted(key for key, values in vocab.items() if values is None)
+        if over:
+            raise ValueError(f"model {model!r}: " + too_many_values(over[0], config))
+    return vocabs
 
 
 class Vocabularies(beam.PTransform):
-    """Shard pieces -> (per source {source: {key: values or None}}, all sources {key: values or
-    None}), both singletons; None marks a key with more values than config.value_limit."""
+    """Shard pieces -> (per source {source: {key: values or None}}, per model {model: {key:
+    values or None}} (model_vocabularies)), both singletons; None marks a key with more values
+    than config.value_limit."""
 
-    def __init__(self, config: ClassificationConfig):
+    def __init__(self, config: ClassificationConfig, models: list[str]):
         super().__init__()
         self.config = config
+        self.models = list(models)
 
     def expand(self, pieces):
         limit = self.config.value_limit
@@ -177,7 +201,7 @@ class Vocabularies(beam.PTransform):
                       | "PieceVocabulary" >> beam.Map(piece_vocabulary)
                       | "PerSource" >> beam.CombinePerKey(VocabularyCombineFn(limit))
                       | "BySource" >> beam.combiners.ToDict())
-        return per_source, per_source | "Union" >> beam.Map(union_vocabulary, limit)
+        return per_source, per_source | "PerModel" >> beam.Map(model_vocabularies, self.models, limit)
 
 
 def _dedupe(rows: LabelRows) -> tuple[LabelRows, np.ndarray, np.ndarray]:
@@ -296,12 +320,12 @@ class MatchClassification(ProgressDoFn):
                                 predictions.label_score[mask])
         return entries
 
-    def process(self, element, vocab):
+    def process(self, element, vocabs):
+        """vocabs: {model: {key: sorted values, or None for too many}} (model_vocabularies)."""
         shard, pieces = element
         by_source: dict[str, list[LabelRows]] = {}
         for source, rows in pieces:
             by_source.setdefault(source, []).append(rows)
-        keys = sorted(key for key, values in vocab.items() if values is not None)  # None: too many
         gt = None
         if GROUNDTRUTHS in by_source:
             gt, n_dropped, outputs = self._deduplicated(
@@ -309,7 +333,6 @@ class MatchClassification(ProgressDoFn):
             yield from outputs
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
-            gt_values = self._gt_values(gt, keys, vocab)
             groups = slice_groups(gt, self.slice_specs)
             # one weight column per datum of the shard, shared by every model, slice and key
             weights = None if self.bootstrap is None else self.bootstrap.weights(gt.hash)
@@ -319,6 +342,8 @@ class MatchClassification(ProgressDoFn):
                         TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, gt.hash[rows])))
 
         for model in self.models:
+            vocab = vocabs.get(model, {})
+            keys = sorted(key for key, values in vocab.items() if values is not None)
             entries = {}
             if model in by_source:
                 predictions, n_dropped, outputs = self._deduplicated(
@@ -338,6 +363,7 @@ class MatchClassification(ProgressDoFn):
                 entries = self._entries(predictions, datum, keys, vocab)
             if gt is None:
                 continue
+            gt_values = self._gt_values(gt, keys, vocab)
             predicted = np.zeros(len(gt), dtype=bool)
             if self.presence and model in by_source:
                 predicted[datum[datum >= 0]] = True
@@ -418,10 +444,17 @@ def record_sort_key(record: dict):
             canonical_json(params))
 
 
+def _model_records(element, vocabs: dict, config: ClassificationConfig):
+    """((model, slice JSON), merged state) -> its records (merge.records_of), on the model's
+    own vocabulary."""
+    (model, _), _ = element
+    return records_of(element, state_records, vocabs[model], config)
+
+
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
               started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False):
-    """The shared tail: shard pieces (shard, (source, rows)) and the vocabulary (a singleton)
-    matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
+    """The shared tail: shard pieces (shard, (source, rows)) and the vocabularies (a singleton
+    {model: vocabulary}) matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
     stats, presence, outcomes) of the matching step; presence and outcomes are None unless
     bootstrapping with compare; presence=True: presence even without (outcomes stay None)."""
     vocab_view = beam.pvalue.AsSingleton(vocab)
@@ -436,7 +469,9 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
                | "Match" >> beam.ParDo(match, vocab_view)
                .with_output_types(PARTIAL).with_outputs(
                    TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
-    records = merged_records(matched.partials, state_records, vocab_view, config)
+    records = (matched.partials
+               | "Combine" >> beam.CombinePerKey(MergeStates())
+               | "Records" >> beam.FlatMap(_model_records, vocab_view, config))
     presence = matched[TAG_PRESENCE] if match.presence else None
     outcomes = matched[TAG_OUTCOMES] if match.compare else None
     return records, matched[TAG_REJECTED], matched[TAG_STATS], presence, outcomes
@@ -482,7 +517,7 @@ class EvaluateClassificationFiles(beam.PTransform):
         slice_keys = sorted({key for spec in job.slices for key in spec})
         pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
             job.sources, slice_keys, job.num_shards, job.quiet, job.started, config)
-        per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config)
+        per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config, job.models)
         problems = per_source | "LabelProblems" >> beam.FlatMap(
             vocabulary_problems, list(job.models), config)
         bootstrap = getattr(job, "bootstrap", None)
@@ -531,7 +566,7 @@ class EvaluateClassification(EvaluateRows):
                 .with_output_types(SHARD_PIECE).with_outputs(
                     TAG_REJECTED, TAG_STATS, main="pieces"))
         pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
-        _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config)
+        _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config, models)
         vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, self.config)
         records, rejected, stats, presence, outcomes = _evaluate(
             pieces, vocab, self.config, models, self.slices, {}, True, 0.0, self.num_shards,

@@ -260,11 +260,15 @@ class OutputFolder:
 ERROR, WARNING = "error", "warning"
 
 
-def problem(severity: str, code: str, message: str) -> dict:
+def problem(severity: str, code: str, message: str, model: str | None = None) -> dict:
     """One finding about a run, for run.json's "problems" and the printed summary. An "error"
     means the run could not compute what was asked (its status becomes "incomplete"); a
-    "warning" means the numbers are computed but probably not what the user meant."""
-    return {"severity": severity, "code": code, "message": message}
+    "warning" means the numbers are computed but probably not what the user meant. model: the
+    one model it concerns, when it concerns one (a sweep gives it to that model's cell only)."""
+    found = {"severity": severity, "code": code, "message": message}
+    if model is not None:
+        found["model"] = model
+    return found
 
 
 def first_records(path: str, n: int) -> list[dict]:
@@ -417,12 +421,12 @@ def label_problems(groundtruth: dict, predicted: dict) -> list[dict]:
                 text, code = (f"model {model!r}: none of its label keys ({_some(keys)}) occurs in "
                               f"the ground truth (keys {_some(k for k in groundtruth if groundtruth[k])})"
                               "; no prediction can be right.", "label_keys_disjoint")
-            out.append(problem(ERROR, code, text))
+            out.append(problem(ERROR, code, text, model))
             continue
         for key in sorted(keys - set(shared), key=str):
             out.append(problem(WARNING, "label_key_unmatched",
                                f"model {model!r} predicts label key {key!r}, which no ground truth "
-                               "has: those predictions count only as false positives."))
+                               "has: those predictions count only as false positives.", model))
         disjoint = [k for k in shared if not predicted[model][k] & groundtruth[k]]
         for key in disjoint:
             name = "" if key is None else f" for key {key!r}"
@@ -431,7 +435,7 @@ def label_problems(groundtruth: dict, predicted: dict) -> list[dict]:
             if len(disjoint) == len(shared):
                 out.append(problem(ERROR, "label_values_disjoint",
                                    f"{text}: no prediction can be right. Are the values named the "
-                                   "same way on both sides (class ids against names)?"))
+                                   "same way on both sides (class ids against names)?", model))
             else:
-                out.append(problem(WARNING, "label_values_unmatched", text + "."))
+                out.append(problem(WARNING, "label_values_unmatched", text + ".", model))
     return out

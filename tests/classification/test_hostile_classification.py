@@ -461,6 +461,30 @@ def test_label_findings_vocabulary_bound_and_late_parquet_row_group(tmp_path, ca
     assert rejects[-1]["reason"] == 'label score must be a number, got str "abc"'
 
 
+def test_each_model_has_its_own_vocabulary_bound(tmp_path):
+    """A model whose predicted values push a key past --max_label_values loses that key alone:
+    the other model of the run is evaluated on the ground truth's values and its own, exactly
+    as when run alone (no record of it depends on the other model), and the error names the
+    model."""
+    truth = [{"datum_uid": f"d{i}", "labels": [{"key": "class", "value": str(i % 2)}]} for i in range(30)]
+    write_jsonl(tmp_path / "gt.jsonl", truth)
+    write_jsonl(tmp_path / "calm.jsonl", [pred(f"d{i}", {"0": 0.7, "1": 0.3}) for i in range(30)])
+    write_jsonl(tmp_path / "noisy.jsonl", [pred(f"d{i}", {f"junk{i}": 0.9, "1": 0.2}) for i in range(30)])
+    common = ["--groundtruths", tmp_path / "gt.jsonl", "--quiet", "--max_label_values", "5"]
+    assert run_classification(common + ["--predictions", f"calm={tmp_path / 'calm.jsonl'}",
+                                        "--predictions", f"noisy={tmp_path / 'noisy.jsonl'}",
+                                        "--output", tmp_path / "both"]) == 4
+    assert run_classification(common + ["--predictions", f"calm={tmp_path / 'calm.jsonl'}",
+                                        "--output", tmp_path / "calm"]) == 0
+    problems = json.loads((tmp_path / "both" / "run.json").read_text())["problems"]
+    assert [(p["code"], p.get("model")) for p in problems] == [("label_values_over_limit", "noisy")]
+    assert problems[0]["message"].startswith("model 'noisy': label key 'class' has more than 5")
+    both = read_jsonl(tmp_path / "both" / "metrics.jsonl")
+    assert {r["model"] for r in both} == {"calm"}
+    alone = (tmp_path / "calm" / "metrics.jsonl").read_text().splitlines()
+    assert [json.dumps(r, ensure_ascii=False) for r in both] == alone
+
+
 # ----------------------------------------------------------------------------- item 8: valor-lite's true negatives
 
 def test_true_negatives_differ_from_valor_lite_as_documented():

@@ -320,3 +320,71 @@ def test_dry_run_lists_cells_and_writes_nothing(data, finished, tmp_path, capsys
 
 
 # The sweep on the multi-process runner: tests/sweep/test_sweep_mixed.py (every task kind).
+
+
+def test_models_of_one_graph_do_not_change_each_other(tmp_path):
+    """Cells of a dataset run as one multi-model graph (pipelines/sweep_cells.py): a model that
+    predicts values and a key no other model (nor the ground truth) has must change none of the
+    other cells' records, intervals or problems; each cell still equals its run alone."""
+    import argparse
+
+    from evalbeam.pipelines.sweep import plan_cells
+    from evalbeam.pipelines.sweep_cells import groups_of
+    from evalbeam.pipelines.sweep_manifest import load
+
+    rng = random.Random(7)
+    truth = [rng.choice(LABELS) for _ in range(150)]
+    write_jsonl(tmp_path / "d" / "gt.jsonl", [
+        {"datum_uid": f"u{i}", "labels": [{"key": "class", "value": v}]} for i, v in enumerate(truth)])
+    wild_values = LABELS + ["fox", "owl"]
+    rows = {"tame": [], "wild": []}
+    for i, v in enumerate(truth):
+        rows["tame"].append({"datum_uid": f"u{i}", "labels": [
+            {"key": "class", "value": x, "score": round(rng.random(), 2)} for x in LABELS]})
+        labels = [{"key": "class", "value": x, "score": round(rng.random(), 2)} for x in wild_values]
+        labels.append({"key": "mood", "value": rng.choice(["calm", "wild"]), "score": 0.5})
+        if i % 5:   # some datums without a prediction
+            rows["wild"].append({"datum_uid": f"u{i}", "labels": labels})
+    for name, model_rows in rows.items():
+        write_jsonl(tmp_path / "d" / f"{name}.jsonl", model_rows)
+    manifest = tmp_path / "sweep.toml"
+    manifest.write_text(f"""
+[sweep]
+bootstrap = 50
+
+[[dataset]]
+name = "d"
+task = "classification"
+groundtruths = "{tmp_path}/d/gt.jsonl"
+options = {{ calibration_bins = 5, score_thresholds = [0.0, 0.6] }}
+
+[[model]]
+name = "tame"
+predictions = "{tmp_path}/d/tame.jsonl"
+
+[[model]]
+name = "wild"
+predictions = "{tmp_path}/d/wild.jsonl"
+""")
+    out = tmp_path / "out"
+    plans = plan_cells(load(str(manifest)), str(out), [], argparse.Namespace(num_shards=None), time.time())
+    assert [len(group) for group in groups_of(plans)] == [2]   # one graph for both cells
+    assert sweep([manifest, "--output", out, "--quiet"]) == 0
+    for model in rows:
+        alone = tmp_path / "alone" / model
+        assert run_classification(
+            ["--groundtruths", tmp_path / "d" / "gt.jsonl", "--predictions",
+             f"{model}={tmp_path}/d/{model}.jsonl", "--output", alone, "--bootstrap", "50",
+             "--calibration_bins", "5", "--score_thresholds", "0.0,0.6", "--quiet"]) == 0
+        cell = out / "cells" / "d" / model
+        assert (cell / "metrics.jsonl").read_bytes() == (alone / "metrics.jsonl").read_bytes()
+        assert (cell / "rejected.jsonl").read_bytes() == (alone / "rejected.jsonl").read_bytes()
+        mine, theirs = (json.loads((f / "run.json").read_text()) for f in (cell, alone))
+        assert mine["problems"] == theirs["problems"] and mine["counts"] == theirs["counts"]
+    wild = json.loads((out / "cells" / "d" / "wild" / "run.json").read_text())
+    assert {p["code"] for p in wild["problems"]} == {"label_key_unmatched"}
+    assert wild["problems"][0]["model"] == "wild"
+    assert json.loads((out / "cells" / "d" / "tame" / "run.json").read_text())["problems"] == []
+    assert any(r["parameters"].get("label", {}).get("value") == "fox"
+               for r in read_jsonl(out / "cells" / "d" / "wild" / "metrics.jsonl"))
+    assert info(out)["cells"][0]["ran"] and info(out)["status"] == "complete"

@@ -4,10 +4,11 @@ ClassificationConfig is the whole configuration; match_key fills one label key's
 shard; ClassificationState holds the KeyStates of one (model, slice) and merges them;
 state_records turns a merged state into metric records.
 
-Vocabulary. Each label key k has a global sorted vocabulary of label values (the union of ground
-truth and predicted values over the whole input); value index i is the i-th string in sorted order,
-so "smallest index" means "lexicographically smallest value". Shards share the vocabulary, so
-merging partial states is addition.
+Vocabulary. For each model, each label key k has a sorted vocabulary of label values (the union of
+the ground truth's values and that model's predicted values over the whole input, never another
+model's: a model's results do not depend on the other models of a run); value index i is the i-th
+string in sorted order, so "smallest index" means "lexicographically smallest value". Shards
+share the vocabulary, so merging partial states is addition.
 
 Population. For a model and key k, the population is every datum that has a ground-truth value for
 k or at least one prediction for k. A datum in the population without a ground-truth value for k
