@@ -4,6 +4,8 @@ pipelines/launcher.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import os
 import platform
 import re
@@ -64,6 +66,18 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
 
 def split_beam_args(rest: list[str]) -> list[str]:
     """Check that the arguments evalbeam did not take are Beam pipeline options."""
+    unknown = _unknown_beam_args(tuple(rest))
+    if unknown:
+        # the values of options named like secrets stay out of the message (and the logs)
+        raise UsageError(f"unknown option(s) {' '.join(safe_beam_args(list(unknown)))}: see the "
+                         "command's --help, and Beam's pipeline options")
+    return rest
+
+
+@functools.lru_cache(maxsize=64)
+def _unknown_beam_args(rest: tuple) -> tuple:
+    """The arguments of rest that no Beam options class takes (remembered: a sweep checks the
+    same Beam options for every cell, and building Beam's parser takes about 15 ms)."""
     try:
         from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -77,17 +91,18 @@ def split_beam_args(rest: list[str]) -> list[str]:
             seen.add(cls)
             stack.extend(cls.__subclasses__())
             cls._add_argparse_args(parser)
-        _, unknown = parser.parse_known_args(rest)
+        _, unknown = parser.parse_known_args(list(rest))
     except Exception:  # Beam's private parser changed: let Beam itself warn
-        return rest
-    if unknown:
-        # the values of options named like secrets stay out of the message (and the logs)
-        raise UsageError(f"unknown option(s) {' '.join(safe_beam_args(unknown))}: see the "
-                         "command's --help, and Beam's pipeline options")
-    return rest
+        return ()
+    return tuple(unknown)
 
 
 def versions() -> dict:
+    return dict(_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict:
     out = {"python": platform.python_version()}
     for dist in ("evalbeam", "apache-beam", "pyarrow", "numpy"):
         try:
@@ -161,6 +176,9 @@ def make_pipeline(options):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import StandardOptions
 
+    from evalbeam.pipelines.viewed_options import viewed_once
+
+    options = viewed_once(options)
     name = options.view_as(StandardOptions).runner
     if name is None or name.lower() in ("direct", "directrunner"):
         return beam.Pipeline(runner=local_runner(options), options=options)

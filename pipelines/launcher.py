@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -47,11 +48,12 @@ def build_parser(spec: TaskSpec) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True):
+def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True, parser=None):
     """(args, config, models, slices, beam_args) of a command line; raises UsageError.
     exit_on_error=False: argparse's own errors (a missing or malformed option) raise UsageError
-    too, instead of printing the usage and exiting (the sweep checks many command lines)."""
-    parser = build_parser(spec)
+    too, instead of printing the usage and exiting (the sweep checks many command lines).
+    parser: build_parser(spec) made earlier, for many command lines of one task."""
+    parser = parser or build_parser(spec)
     if not exit_on_error:
         parser.error = _raise_usage
     args, rest = parser.parse_known_args(argv)
@@ -240,7 +242,6 @@ def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: li
     level. Shared by run_job and the sweep (pipelines/sweep.py), so that a sweep's cell is set
     up exactly as the same run alone."""
     from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
 
     from evalbeam.transforms.io import expand_source
     from evalbeam.transforms.outputs import OutputFolder
@@ -263,7 +264,6 @@ def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: li
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # multi-process and remote workers log at INFO by default; keep stderr for progress
         beam_args = beam_args + ["--default_sdk_harness_log_level=ERROR"]
-    options = PipelineOptions(beam_args)
     run_info = {
         "task": spec.name,
         "inputs": {name: {"pattern": s.pattern, "files": list(s.files)} for name, s in sources.items()},
@@ -274,12 +274,21 @@ def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: li
                         max_rejected_fraction=args.max_rejected_fraction,
                         bootstrap=args.uncertainty.replicates, confidence=args.confidence,
                         bootstrap_seed=args.bootstrap_seed, compare_to=args.compare_to),
-        "runner": options.get_all_options().get("runner") or "DirectRunner",
+        "runner": _runner_name(tuple(beam_args)),
         "beam_args": safe_beam_args(beam_args),
         "versions": versions(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
     }
     return folder, sources, run_info, beam_args
+
+
+@functools.lru_cache(maxsize=64)
+def _runner_name(beam_args: tuple) -> str:
+    """The runner these Beam options name, for run.json (remembered per options: the sweep
+    prepares every cell with the same)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(list(beam_args)).get_all_options().get("runner") or "DirectRunner"
 
 
 def failure_of(error: Exception) -> tuple[int, str, str]:

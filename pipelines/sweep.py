@@ -198,11 +198,14 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
     if manifest.judge and "journal" not in manifest.judge:
         judge_args += ["--judge_journal", join(output, "judge-journal")]
     headline_errors = set()
+    parsers: dict = {}
     for cell in manifest.cells:
         spec = spec_of(cell.task)
         where = f"cell {cell.id} (manifest line {cell.line})"
         try:
-            parser = task_parser(spec)
+            if cell.task not in parsers:
+                parsers[cell.task] = task_parser(spec)
+            parser = parsers[cell.task]
             argv = ["--groundtruths", cell.groundtruths, "--predictions",
                     f"{cell.model}={cell.predictions}",
                     "--output", join(join(join(output, "cells"), cell.dataset), cell.model), "--quiet"]
@@ -216,7 +219,8 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
                 argv += judge_args + ["--judge_skip_check"]
             # the Beam options too, as the run alone gets them (the judge's worker count)
             args, config, models, slices, cell_beam = parse_command(spec, argv + beam_args,
-                                                                    exit_on_error=False)
+                                                                    exit_on_error=False,
+                                                                    parser=parser)
             if getattr(config, "judge", None) is None:
                 judged = False
             folder, sources, run_info, cell_beam = prepare_run(spec, config, args, models, slices,
@@ -482,13 +486,11 @@ def execute(plans: list[Plan], beam_args: list[str], quiet: bool, started: float
 
     from evalbeam.pipelines.common import make_pipeline
     from evalbeam.pipelines.launcher import _multi_process, failure_of, worker_stderr_filtered
-    from evalbeam.transforms.io import share_reads
 
     if not plans:
         return None
     options = PipelineOptions(plans[0].beam_args)
     pipeline = make_pipeline(options)
-    share_reads(pipeline)
     _split_judge_rates(plans)
     try:
         _add_cells(pipeline, plans, started, sidecars)
@@ -506,8 +508,18 @@ def _add_cells(pipeline, plans: list[Plan], started: float, sidecars: bool) -> N
     from evalbeam.pipelines.leaderboard import cell_sidecar
     from evalbeam.pipelines.sweep_cells import CellGroupJob, groups_of
     from evalbeam.transforms.evaluated import FilesJob
+    from evalbeam.transforms.io import share_reads
 
-    for group in groups_of(plans):
+    groups = groups_of(plans)
+    # a source that several graphs read is read once and shared; the others are read together
+    # with their graph's other sources, as in a run alone (transforms.io.ReadFiles)
+    uses: dict = {}
+    for group in groups:
+        sources = {(name, tuple(source.files)) for p in group for name, source in p.sources.items()}
+        for key in sources:
+            uses[key] = uses.get(key, 0) + 1
+    share_reads(pipeline, uses)
+    for group in groups:
         for p in group:
             p.folder.start(p.run_info)
         p = group[0]

@@ -103,53 +103,61 @@ class CellGroupJob(beam.PTransform):
         out = pbegin | spec.title >> spec.files_transform()(self.config, job)
         metrics = (Uncertainty.inputs(out.metrics, out.presence, out.outcomes)
                    | "Uncertainty" >> Uncertainty(job.bootstrap, spec.interval_unit, None))
-        metrics = metrics | "MetricsByCell" >> beam.Map(lambda record: (record["model"], record))
-        rejected = out.rejected | "RejectsByCell" >> beam.FlatMap(
-            _by_source, _rejection_source, models)
-        stats = (out.stats
-                 | "SumStats" >> beam.CombinePerKey(sum)
-                 | "StatsByCell" >> beam.FlatMap(_by_source, _counter_source, models))
-        problems = out.problems | "ProblemsByCell" >> beam.FlatMap(_problem_cells, models)
-        side = {}
+        parts = {
+            "cell": pbegin | "Cells" >> beam.Create([(model, None) for model in models]),
+            "metrics": metrics | "MetricsByCell" >> beam.Map(lambda r: (r["model"], r)),
+            "rejected": out.rejected | "RejectsByCell" >> beam.FlatMap(
+                _by_source, _rejection_source, models),
+            "stats": (out.stats
+                      | "SumStats" >> beam.CombinePerKey(sum)
+                      | "StatsByCell" >> beam.FlatMap(_by_source, _counter_source, models)),
+            "problems": out.problems | "ProblemsByCell" >> beam.FlatMap(_problem_cells, models),
+        }
         if any(sidecar is not None for _, _, sidecar in self.cells.values()):
             specs = self.headlines
-            side["headline"] = beam.pvalue.AsList(
-                out.metrics | "Headline" >> beam.Filter(
-                    lambda record: any(s.matches(record) for s in specs)))
+            parts["headline"] = (out.metrics
+                                 | "Headline" >> beam.Filter(
+                                     lambda r: any(s.matches(r) for s in specs))
+                                 | "HeadlineByCell" >> beam.Map(lambda r: (r["model"], r)))
             # a task without datum hashes has no presence: no fingerprint to check
-            side["presence"] = (beam.pvalue.AsList(out.presence) if out.presence is not None
-                                else None)
-        # Side inputs are read as lists (not AsDict / AsMultiMap): the same on every runner.
-        return (pbegin
-                | "Cells" >> beam.Create(models)
+            if out.presence is not None:
+                parts["presence"] = out.presence | "PresenceByCell" >> beam.FlatMap(
+                    _by_source, _presence_source, models)
+        # Each cell's parts meet by key (not as side inputs: the runner would measure and
+        # cache every record of the group for every cell).
+        return (parts
+                | "ByCell" >> beam.CoGroupByKey()
                 | "Publish" >> beam.Map(
                     _publish_cell, self.cells, spec.plumbing().record_sort_key, job.started,
-                    self.max_rejected_fraction, self.headlines, self.intersect,
-                    beam.pvalue.AsList(metrics), beam.pvalue.AsList(rejected),
-                    beam.pvalue.AsList(stats), beam.pvalue.AsList(problems), **side))
+                    self.max_rejected_fraction, self.headlines, self.intersect))
 
 
-def _publish_cell(model, cells, sort_key, started, max_rejected_fraction, specs, intersect,
-                  metrics, rejected, stats, problems, headline=None, presence=None):
-    """Write one cell's metrics.jsonl and rejected.jsonl (and its leaderboard sidecar) and
-    publish it (transforms.outputs.finalize_run, as launcher._publish)."""
+def _presence_source(element) -> str:
+    _, (source, _) = element
+    return source
+
+
+def _publish_cell(element, cells, sort_key, started, max_rejected_fraction, specs, intersect):
+    """(model, {part: values}) -> write the cell's metrics.jsonl and rejected.jsonl (and its
+    leaderboard sidecar) and publish it (transforms.outputs.finalize_run, as launcher._publish);
+    returns its run.json."""
     from evalbeam.pipelines.launcher import _publish
     from evalbeam.pipelines.leaderboard import sidecar_content
     from evalbeam.transforms.io import write_jsonl
     from evalbeam.transforms.outputs import reject_sort_key
     from evalbeam.transforms.uncertainty import with_comparisons_last
 
+    model, parts = element
     folder, run_info, sidecar = cells[model]
-    mine = [record for m, record in metrics if m == model]
-    n_metrics = write_jsonl(mine, folder.temp("metrics.jsonl"), with_comparisons_last(sort_key))
-    n_rejected = write_jsonl([r for m, r in rejected if m == model],
-                             folder.temp("rejected.jsonl"), reject_sort_key)
+    n_metrics = write_jsonl(list(parts["metrics"]), folder.temp("metrics.jsonl"),
+                            with_comparisons_last(sort_key))
+    n_rejected = write_jsonl(list(parts["rejected"]), folder.temp("rejected.jsonl"),
+                             reject_sort_key)
     content = None
     if sidecar is not None:
         path, fingerprint, cell_id = sidecar
-        records = [r for r in headline or () if r["model"] == model]
-        content = (path, sidecar_content(records, list(presence or ()), model, specs, intersect,
-                                         fingerprint, cell_id))
-    return _publish([s for m, s in stats if m == model], n_metrics, n_rejected, folder, run_info,
-                    started, max_rejected_fraction,
-                    problems=[p for m, p in problems if m == model], sidecar=content)
+        content = (path, sidecar_content(list(parts.get("headline", ())),
+                                         list(parts.get("presence", ())), model, specs,
+                                         intersect, fingerprint, cell_id))
+    return _publish(list(parts["stats"]), n_metrics, n_rejected, folder, run_info, started,
+                    max_rejected_fraction, problems=list(parts["problems"]), sidecar=content)

@@ -367,10 +367,12 @@ class ReadFiles(beam.PTransform):
     """Every file of every source, read by `reader` (a DoFn of (source name, file id)): the
     main output "pieces" of (shard, (source, rows)) and the reader's tagged outputs.
 
-    In a pipeline marked by share_reads() (a sweep: many runs in one pipeline), each source is
-    read on its own, and a source that an earlier ReadFiles of the same pipeline read with an
-    equal reader (the same settings, the same files, the same source name) is not read again:
-    its PCollections are reused, so a ground truth that ten cells evaluate is read once."""
+    In a pipeline marked by share_reads() (a sweep: many runs in one pipeline), a source that
+    several jobs read is read on its own, and a later ReadFiles that reads it with an equal
+    reader (the same settings, the same files, the same source name) reuses its PCollections:
+    a ground truth that ten cells evaluate is read once. The sources that only this job reads
+    (share_reads' `uses`) are read together, as in a run alone: every separate read costs the
+    runner its own steps."""
 
     def __init__(self, sources: dict, reader: beam.DoFn, tags: tuple[str, ...]):
         super().__init__()
@@ -382,22 +384,38 @@ class ReadFiles(beam.PTransform):
         shared = getattr(pbegin.pipeline, SHARED_READS, None)
         if shared is None:
             return self._read(pbegin, self.sources, self.reader, "")
-        parts = []
+        uses = getattr(pbegin.pipeline, READ_USES, None) or {}
+        parts, own = [], []
         for name, source in sorted(self.sources.items()):
-            reader = copy.copy(self.reader)
-            for attribute, value in vars(self.reader).items():
-                # per-source settings (sources, schemas) narrowed to this source, so that two
-                # jobs reading it with the same settings share the read
-                if isinstance(value, dict) and value and set(value) == set(self.sources):
-                    setattr(reader, attribute, {name: value[name]})
+            if uses.get((name, tuple(source.files)), 2) < 2:
+                own.append(name)
+                continue
+            reader = self._narrowed([name])
             key = (name, tuple(source.files), hashlib.sha256(pickler.dumps(reader)).hexdigest())
             if key not in shared:
                 shared[key] = self._read(pbegin, {name: source}, reader, f"[{name}]")
             parts.append(shared[key])
+        if own:
+            parts.append(self._read(pbegin, {name: self.sources[name] for name in own},
+                                    self._narrowed(own), "[own]"))
+        if len(parts) == 1:
+            return parts[0]
         flat = {tag: [p[tag] for p in parts] | f"Flatten[{tag}]" >> beam.Flatten()
                 for tag in self.tags}
         flat["pieces"] = [p.pieces for p in parts] | "Flatten[pieces]" >> beam.Flatten()
         return SharedRead(flat)
+
+    def _narrowed(self, names: list[str]) -> beam.DoFn:
+        """The reader with its per-source settings (dicts keyed by every source: sources,
+        schemas) narrowed to `names`, so that two jobs reading a source with the same settings
+        have equal readers."""
+        if set(names) == set(self.sources):
+            return self.reader
+        reader = copy.copy(self.reader)
+        for attribute, value in vars(self.reader).items():
+            if isinstance(value, dict) and value and set(value) == set(self.sources):
+                setattr(reader, attribute, {name: value[name] for name in names})
+        return reader
 
     def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
         files = [(name, i) for name, source in sorted(sources.items())
@@ -410,11 +428,16 @@ class ReadFiles(beam.PTransform):
 
 
 SHARED_READS = "_evalbeam_shared_reads"
+READ_USES = "_evalbeam_read_uses"
 
 
-def share_reads(pipeline) -> None:
-    """Mark a pipeline so that its ReadFiles read each source once (see ReadFiles)."""
+def share_reads(pipeline, uses: dict | None = None) -> None:
+    """Mark a pipeline so that its ReadFiles read each source once (see ReadFiles). uses:
+    {(source name, tuple of its files): how many jobs read it}; a source read by one job is
+    read together with that job's other such sources (without it every source is read on its
+    own, to be shared)."""
     setattr(pipeline, SHARED_READS, {})
+    setattr(pipeline, READ_USES, dict(uses or {}))
 
 
 class SharedRead:

@@ -190,23 +190,40 @@ def test_changed_input_reruns_exactly_its_cells(data, tmp_path):
     assert ran(out) == {"beta/good", "beta/fair", "beta/poor"}
 
 
-def test_sweep_reads_a_shared_ground_truth_once(data, tmp_path):
+def test_sweep_reads_every_input_file_once(data, tmp_path, monkeypatch):
+    """A dataset's cells with equal options are one graph that reads its files together; a
+    cell with options of its own is a graph of its own, and the ground truth it shares with
+    the others is read once for both (transforms.io.ReadFiles under share_reads)."""
     from evalbeam.pipelines.common import local_pipeline
     from evalbeam.pipelines.sweep import _add_cells, plan_cells
     from evalbeam.pipelines.sweep_manifest import load
-    from evalbeam.transforms.io import SHARED_READS, share_reads
+    from evalbeam.transforms.io import ReadFiles
 
     import argparse
 
-    manifest = load(write_manifest(data, bootstrap=0))
-    plans = plan_cells(manifest, str(tmp_path / "out"), [], argparse.Namespace(num_shards=None), time.time())
-    pipeline = local_pipeline()
-    share_reads(pipeline)
-    _add_cells(pipeline, plans, time.time(), sidecars=True)
-    reads = getattr(pipeline, SHARED_READS)
-    # 2 ground truths + 6 predictions files, though 6 cells read a ground truth each
-    assert sorted(name for name, _, _ in reads) == ["fair", "fair", "good", "good",
-                                                   "groundtruths", "groundtruths", "poor", "poor"]
+    reads = []
+    original = ReadFiles._read
+
+    def recorded(self, pbegin, sources, reader, suffix):
+        reads.append(sorted(f for source in sources.values() for f in source.files))
+        return original(self, pbegin, sources, reader, suffix)
+
+    monkeypatch.setattr(ReadFiles, "_read", recorded)
+    manifest = write_manifest(data, bootstrap=0, extra="""
+[[cell]]
+dataset = "alpha"
+model = "poor"
+options = { hardmax = false }""")
+    plans = plan_cells(load(manifest), str(tmp_path / "out"), [], argparse.Namespace(num_shards=None),
+                       time.time())
+    _add_cells(local_pipeline(), plans, time.time(), sidecars=True)
+    files = [f for read in reads for f in read]
+    assert sorted(files) == sorted(str(data / d / f"{n}.jsonl") for d in ("alpha", "beta")
+                                   for n in ("gt", *MODELS))   # every file read exactly once
+    alpha = str(data / "alpha" / "gt.jsonl")
+    assert [alpha] in reads        # shared by alpha's group and alpha/poor: read on its own
+    beta = next(r for r in reads if str(data / "beta" / "gt.jsonl") in r)
+    assert len(beta) == 4          # beta's four files, one graph: read together
 
 
 def test_killed_sweep_resumes_with_its_unfinished_cells(data, finished, tmp_path):
