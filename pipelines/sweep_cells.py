@@ -53,13 +53,13 @@ def groups_of(plans: list) -> list[list]:
     return list(groups.values()) + alone
 
 
-def _by_source(element, source_of, models):
-    """element -> (cell model, element) for its source's cell, or for every cell of the group
-    when it comes from the shared ground truth."""
+def _by_source(element, source_of, models, part: str):
+    """element -> (cell model, (part, element)) for its source's cell, or for every cell of the
+    group when it comes from the shared ground truth."""
     source = source_of(element)
     if source in models:
-        return [(source, element)]
-    return [(model, element) for model in models]
+        return [(source, (part, element))]
+    return [(model, (part, element)) for model in models]
 
 
 def _rejection_source(record: dict) -> str:
@@ -73,7 +73,9 @@ def _counter_source(pair) -> str:
 
 def _problem_cells(problem: dict, models):
     model = problem.get("model")
-    return [(model, problem)] if model in models else [(m, problem) for m in models]
+    if model in models:
+        return [(model, ("problems", problem))]
+    return [(m, ("problems", problem)) for m in models]
 
 
 class CellGroupJob(beam.PTransform):
@@ -94,39 +96,40 @@ class CellGroupJob(beam.PTransform):
         self.headlines, self.intersect = list(headlines), intersect
 
     def expand(self, pbegin):
-        from evalbeam.transforms.uncertainty import Uncertainty
+        from evalbeam.transforms.uncertainty import finish_record
 
         spec, job, models = self.spec, self.job, sorted(self.cells)
         if sorted(job.models) != models or spec.extra_outputs(self.config):
             raise ValueError("CellGroupJob: one cell per model of the job, and a task without "
                              "extra outputs")
         out = pbegin | spec.title >> spec.files_transform()(self.config, job)
-        metrics = (Uncertainty.inputs(out.metrics, out.presence, out.outcomes)
-                   | "Uncertainty" >> Uncertainty(job.bootstrap, spec.interval_unit, None))
-        parts = {
-            "cell": pbegin | "Cells" >> beam.Create([(model, None) for model in models]),
-            "metrics": metrics | "MetricsByCell" >> beam.Map(lambda r: (r["model"], r)),
-            "rejected": out.rejected | "RejectsByCell" >> beam.FlatMap(
-                _by_source, _rejection_source, models),
-            "stats": (out.stats
-                      | "SumStats" >> beam.CombinePerKey(sum)
-                      | "StatsByCell" >> beam.FlatMap(_by_source, _counter_source, models)),
-            "problems": out.problems | "ProblemsByCell" >> beam.FlatMap(_problem_cells, models),
-        }
+        parts = [
+            pbegin | "Cells" >> beam.Create([(model, ("cell", None)) for model in models]),
+            # the intervals of each record (transforms.uncertainty; a cell has no comparisons)
+            out.metrics | "MetricsByCell" >> beam.Map(
+                lambda r, b, unit: (r["model"], ("metrics", finish_record(r, b, unit))),
+                job.bootstrap, spec.interval_unit),
+            out.rejected | "RejectsByCell" >> beam.FlatMap(
+                _by_source, _rejection_source, models, "rejected"),
+            (out.stats
+             | "SumStats" >> beam.CombinePerKey(sum)
+             | "StatsByCell" >> beam.FlatMap(_by_source, _counter_source, models, "stats")),
+            out.problems | "ProblemsByCell" >> beam.FlatMap(_problem_cells, models),
+        ]
         if any(sidecar is not None for _, _, sidecar in self.cells.values()):
             specs = self.headlines
-            parts["headline"] = (out.metrics
-                                 | "Headline" >> beam.Filter(
-                                     lambda r: any(s.matches(r) for s in specs))
-                                 | "HeadlineByCell" >> beam.Map(lambda r: (r["model"], r)))
+            parts.append(out.metrics | "HeadlineByCell" >> beam.FlatMap(
+                lambda r: [(r["model"], ("headline", r))] if any(s.matches(r) for s in specs)
+                else []))
             # a task without datum hashes has no presence: no fingerprint to check
             if out.presence is not None:
-                parts["presence"] = out.presence | "PresenceByCell" >> beam.FlatMap(
-                    _by_source, _presence_source, models)
+                parts.append(out.presence | "PresenceByCell" >> beam.FlatMap(
+                    _by_source, _presence_source, models, "presence"))
         # Each cell's parts meet by key (not as side inputs: the runner would measure and
         # cache every record of the group for every cell).
         return (parts
-                | "ByCell" >> beam.CoGroupByKey()
+                | "Parts" >> beam.Flatten()
+                | "ByCell" >> beam.GroupByKey()
                 | "Publish" >> beam.Map(
                     _publish_cell, self.cells, spec.plumbing().record_sort_key, job.started,
                     self.max_rejected_fraction, self.headlines, self.intersect))
@@ -138,7 +141,7 @@ def _presence_source(element) -> str:
 
 
 def _publish_cell(element, cells, sort_key, started, max_rejected_fraction, specs, intersect):
-    """(model, {part: values}) -> write the cell's metrics.jsonl and rejected.jsonl (and its
+    """(model, [(part, value), ...]) -> write the cell's metrics.jsonl and rejected.jsonl (and its
     leaderboard sidecar) and publish it (transforms.outputs.finalize_run, as launcher._publish);
     returns its run.json."""
     from evalbeam.pipelines.launcher import _publish
@@ -147,17 +150,19 @@ def _publish_cell(element, cells, sort_key, started, max_rejected_fraction, spec
     from evalbeam.transforms.outputs import reject_sort_key
     from evalbeam.transforms.uncertainty import with_comparisons_last
 
-    model, parts = element
+    model, tagged = element
+    parts: dict = {}
+    for part, value in tagged:
+        parts.setdefault(part, []).append(value)
     folder, run_info, sidecar = cells[model]
-    n_metrics = write_jsonl(list(parts["metrics"]), folder.temp("metrics.jsonl"),
+    n_metrics = write_jsonl(parts.get("metrics", []), folder.temp("metrics.jsonl"),
                             with_comparisons_last(sort_key))
-    n_rejected = write_jsonl(list(parts["rejected"]), folder.temp("rejected.jsonl"),
+    n_rejected = write_jsonl(parts.get("rejected", []), folder.temp("rejected.jsonl"),
                              reject_sort_key)
     content = None
     if sidecar is not None:
         path, fingerprint, cell_id = sidecar
-        content = (path, sidecar_content(list(parts.get("headline", ())),
-                                         list(parts.get("presence", ())), model, specs,
-                                         intersect, fingerprint, cell_id))
-    return _publish(list(parts["stats"]), n_metrics, n_rejected, folder, run_info, started,
-                    max_rejected_fraction, problems=list(parts["problems"]), sidecar=content)
+        content = (path, sidecar_content(parts.get("headline", []), parts.get("presence", []),
+                                         model, specs, intersect, fingerprint, cell_id))
+    return _publish(parts.get("stats", []), n_metrics, n_rejected, folder, run_info, started,
+                    max_rejected_fraction, problems=parts.get("problems", []), sidecar=content)
