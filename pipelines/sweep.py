@@ -506,7 +506,7 @@ def _add_cells(pipeline, plans: list[Plan], started: float, sidecars: bool) -> N
     graph (pipelines/sweep_cells.py), any other cell as its own launcher.TaskJob."""
     from evalbeam.pipelines.launcher import TaskJob
     from evalbeam.pipelines.leaderboard import cell_sidecar
-    from evalbeam.pipelines.sweep_cells import CellGroupJob, groups_of
+    from evalbeam.pipelines.sweep_cells import CellGroupJob, group_job, groups_of
     from evalbeam.transforms.evaluated import FilesJob
     from evalbeam.transforms.io import share_reads
 
@@ -533,16 +533,7 @@ def _add_cells(pipeline, plans: list[Plan], started: float, sidecars: bool) -> N
             _ = pipeline | f"Cell[{p.cell.id}]" >> TaskJob(
                 p.spec, p.config, job, p.folder, p.run_info, p.args.max_rejected_fraction, sidecar)
             continue
-        sources = {}
-        for member in group:
-            sources.update(member.sources)
-        # the task writes no file of its own here (CellGroupJob takes no task with extra outputs)
-        job = FilesJob(sources, tuple(sorted(m.cell.model for m in group)), tuple(p.slices),
-                       p.run_info["options"]["num_shards"], True, started, p.folder.temp,
-                       p.args.uncertainty, None, presence=sidecars)
-        cells = {m.cell.model: (m.folder, m.run_info,
-                                (m.sidecar_path, m.fingerprint, m.cell.id) if sidecars else None)
-                 for m in group}
+        job, cells = group_job(group, started, sidecars)
         _ = pipeline | f"Cells[{p.cell.id} and {len(group) - 1} more]" >> CellGroupJob(
             p.spec, p.config, job, cells, p.args.max_rejected_fraction, p.headlines, own_datums)
 

@@ -35,7 +35,8 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
-                                    ProgressDoFn, ReadFiles, open_input)
+                                    ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
+                                    open_input, qualified, role_of, shard_range, truth_of)
 from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, datum_correct,
@@ -52,11 +53,11 @@ TAG_OUTCOMES = "outcomes"
 
 
 def schema_of(source: str) -> pa.Schema:
-    return CLASSIFICATION_GROUNDTRUTH if source == GROUNDTRUTHS else CLASSIFICATION_PREDICTION
+    return CLASSIFICATION_GROUNDTRUTH if is_truth(source) else CLASSIFICATION_PREDICTION
 
 
 def validate_source(table: pa.Table, file_id: int, source: str, max_labels: int | None = None):
-    return validate(table, scored=source != GROUNDTRUTHS, file_id=file_id, max_labels=max_labels)
+    return validate(table, scored=not is_truth(source), file_id=file_id, max_labels=max_labels)
 
 
 def validate_table(table: pa.Table, file_id: int, max_labels: int | None = None):
@@ -123,10 +124,11 @@ def union_vocabulary(per_source: dict, limit: int | None) -> dict:
 
 def model_vocabularies(per_source: dict, models: list[str], limit: int | None) -> dict:
     """{source: {key: values or None}} -> {model: {key: sorted values or None}}, the vocabulary
-    a model is evaluated on: the ground truth's values and its own, never another model's (so
-    neither its records nor the bound on its keys depend on the other models of the run)."""
-    truth = per_source.get(GROUNDTRUTHS, {})
-    return {model: union_vocabulary({GROUNDTRUTHS: truth, model: per_source.get(model, {})}, limit)
+    a model is evaluated on: the ground truth's values (of its dataset, transforms.io.truth_of)
+    and its own, never another model's (so neither its records nor the bound on its keys depend
+    on the other models of the run)."""
+    return {model: union_vocabulary({GROUNDTRUTHS: per_source.get(truth_of(model), {}),
+                                     model: per_source.get(model, {})}, limit)
             for model in models}
 
 
@@ -153,25 +155,36 @@ def vocabulary_problems(per_source: dict, models: list[str], config: Classificat
     which is reported already). A problem about one model names it (problem()'s "model")."""
     from evalbeam.transforms.outputs import ERROR, label_problems, problem
 
-    # a key over the bound in the ground truth is over it for every model: said once
-    truth = per_source.get(GROUNDTRUTHS, {})
-    everywhere = sorted(key for key, values in truth.items() if values is None)
-    found = [problem(ERROR, "label_values_over_limit", too_many_values(key, config))
-             for key in everywhere]
-    over = {}
-    for model, vocab in model_vocabularies(per_source, models, config.value_limit).items():
-        over[model] = {key for key, values in vocab.items() if values is None}
-        found += [problem(ERROR, "label_values_over_limit",
-                          f"model {model!r}: " + too_many_values(key, config), model)
-                  for key in sorted(over[model] - set(everywhere))]
+    vocabs = model_vocabularies(per_source, models, config.value_limit)
+    found = []
+    datasets = {dataset_of(m) for m in models} | {dataset_of(s) for s in per_source if is_truth(s)}
+    for dataset in sorted(datasets):
+        # a key over the bound in the ground truth is over it for every model: said once
+        truth_name = qualified(dataset, GROUNDTRUTHS)
+        truth = per_source.get(truth_name, {})
+        everywhere = sorted(key for key, values in truth.items() if values is None)
+        mine = [problem(ERROR, "label_values_over_limit", too_many_values(key, config))
+                for key in everywhere]
+        members = [m for m in models if dataset_of(m) == dataset]
+        over = {}
+        for model in members:
+            over[model] = {key for key, values in vocabs[model].items() if values is None}
+            name = role_of(model)
+            mine += [problem(ERROR, "label_values_over_limit",
+                             f"model {name!r}: " + too_many_values(key, config), name)
+                     for key in sorted(over[model] - set(everywhere))]
 
-    def sets(source: str, skip) -> dict:
-        return {key: set(values) for key, values in per_source.get(source, {}).items()
-                if key not in skip and values}
+        def sets(source: str, skip) -> dict:
+            return {key: set(values) for key, values in per_source.get(source, {}).items()
+                    if key not in skip and values}
 
-    groundtruth = sets(GROUNDTRUTHS, set(everywhere))
-    if groundtruth:
-        found += label_problems(groundtruth, {model: sets(model, over[model]) for model in models})
+        groundtruth = sets(truth_name, set(everywhere))
+        if groundtruth:
+            mine += label_problems(groundtruth, {role_of(m): sets(m, over[m]) for m in members})
+        if dataset:   # a multi-dataset job's: which cells a problem concerns
+            for finding in mine:
+                finding["dataset"] = dataset
+        found += mine
     return found
 
 
@@ -254,13 +267,16 @@ class MatchClassification(ProgressDoFn):
     hashes of the slice's datums with a ground truth | with a prediction row of the model)) and
     TAG_OUTCOMES ((identity of an Accuracy record, slice JSON), (model, uint64 hashes of the
     datums with a ground truth for its key, bool correct)) for McNemar's test. presence: emit
-    TAG_PRESENCE (not TAG_OUTCOMES) even without compare or bootstrap."""
+    TAG_PRESENCE (not TAG_OUTCOMES) even without compare or bootstrap. layout: {dataset: (first
+    shard, shard count)} of a job over several datasets (FilesJob.layout): a shard then holds
+    one dataset's rows, matched against that dataset's ground truth and models."""
 
     def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
                  files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int,
-                 bootstrap=None, compare: bool = False, presence: bool = False):
+                 bootstrap=None, compare: bool = False, presence: bool = False, layout=None):
         super().__init__(quiet, started)
         self.config = config
+        self.layout = dict(layout or {})
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.files = files
@@ -326,28 +342,32 @@ class MatchClassification(ProgressDoFn):
         by_source: dict[str, list[LabelRows]] = {}
         for source, rows in pieces:
             by_source.setdefault(source, []).append(rows)
+        dataset = next((d for d, (first, count) in self.layout.items()
+                        if first <= shard < first + count), "")
+        truth = qualified(dataset, GROUNDTRUTHS)
         gt = None
-        if GROUNDTRUTHS in by_source:
-            gt, n_dropped, outputs = self._deduplicated(
-                GROUNDTRUTHS, by_source[GROUNDTRUTHS], GROUNDTRUTHS)
+        if truth in by_source:
+            gt, n_dropped, outputs = self._deduplicated(truth, by_source[truth], GROUNDTRUTHS)
             yield from outputs
-            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
-            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), len(gt)))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", truth), n_dropped))
+            yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", truth), len(gt)))
             groups = slice_groups(gt, self.slice_specs)
             # one weight column per datum of the shard, shared by every model, slice and key
             weights = None if self.bootstrap is None else self.bootstrap.weights(gt.hash)
             if self.presence:
                 for slice_json, rows in groups:
                     yield beam.pvalue.TaggedOutput(
-                        TAG_PRESENCE, (slice_json, (GROUNDTRUTHS, gt.hash[rows])))
+                        TAG_PRESENCE, (slice_json, (truth, gt.hash[rows])))
 
         for model in self.models:
+            if dataset_of(model) != dataset:
+                continue
             vocab = vocabs.get(model, {})
             keys = sorted(key for key, values in vocab.items() if values is not None)
             entries = {}
             if model in by_source:
                 predictions, n_dropped, outputs = self._deduplicated(
-                    model, by_source[model], f"the predictions of {model}")
+                    model, by_source[model], f"the predictions of {role_of(model)}")
                 yield from outputs
                 datum = np.full(len(predictions), -1, dtype=np.int64)
                 if gt is not None and len(predictions):
@@ -452,7 +472,8 @@ def _model_records(element, vocabs: dict, config: ClassificationConfig):
 
 
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
-              started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False):
+              started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False,
+              layout=None):
     """The shared tail: shard pieces (shard, (source, rows)) and the vocabularies (a singleton
     {model: vocabulary}) matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
     stats, presence, outcomes) of the matching step; presence and outcomes are None unless
@@ -463,7 +484,7 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
         # the calibration state keeps its replicates by the config's Bootstrap: the run's
         config = dataclasses.replace(config, bootstrap=wanted)
     match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
-                                bootstrap, compare, presence)
+                                bootstrap, compare, presence, layout)
     matched = (pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(match, vocab_view)
@@ -515,8 +536,15 @@ class EvaluateClassificationFiles(beam.PTransform):
     def expand(self, pipeline):
         job, config = self.job, self.config
         slice_keys = sorted({key for spec in job.slices for key in spec})
-        pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
-            job.sources, slice_keys, job.num_shards, job.quiet, job.started, config)
+        layout = getattr(job, "layout", None)
+        if layout:
+            pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadDatasets(
+                layout, lambda sources, shards, split: ReadClassificationFiles(
+                    sources, slice_keys, shards, job.quiet, job.started, config, split),
+                job.sources)
+        else:
+            pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
+                job.sources, slice_keys, job.num_shards, job.quiet, job.started, config)
         per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config, job.models)
         problems = per_source | "LabelProblems" >> beam.FlatMap(
             vocabulary_problems, list(job.models), config)
@@ -525,7 +553,7 @@ class EvaluateClassificationFiles(beam.PTransform):
             pieces, vocab, config, list(job.models), list(job.slices),
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards,
             bootstrap, getattr(job, "compare_to", None) is not None,
-            bool(getattr(job, "presence", False)))
+            bool(getattr(job, "presence", False)), layout)
         rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
         stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
         return Evaluated(records, rejected, stats, problems, presence=presence, outcomes=outcomes)
@@ -585,11 +613,14 @@ class ReadClassificationFile(ProgressDoFn):
     Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
     outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n), TAG_VOCAB
     {label key: set of values}. `validate(table, file_id)` is the task's validation function
-    (a module-level function, so the DoFn pickles)."""
+    (a module-level function, so the DoFn pickles). layout: a multi-dataset read's shard range
+    per dataset (transforms.io.ReadDatasets, shard_range)."""
 
     def __init__(self, sources: dict, schemas: dict, validate, vocabulary,
-                 slice_keys: list[str], num_shards: int, quiet: bool, started: float):
+                 slice_keys: list[str], num_shards: int, quiet: bool, started: float,
+                 layout: dict | None = None):
         super().__init__(quiet, started)
+        self.layout = layout
         self.sources = sources
         self.schemas = schemas
         self.validate = validate
@@ -603,7 +634,8 @@ class ReadClassificationFile(ProgressDoFn):
         path = source.files[file_id]
         schema = self.schemas[name]
         position = position_name(path)
-        slice_keys = self.slice_keys if name == "groundtruths" else []
+        slice_keys = self.slice_keys if is_truth(name) else []
+        first, count = shard_range(self.layout, name, self.num_shards)
         read = 0
         with open_input(path) as stream:
             if format_of(path) == "parquet":
@@ -625,8 +657,8 @@ class ReadClassificationFile(ProgressDoFn):
                 yield beam.pvalue.TaggedOutput(
                     TAG_STATS, (("rows_rejected", name), len(unparsed) + len(rejects)))
                 yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
-                for shard, piece in rows.partition(self.num_shards).items():
-                    yield shard, (name, piece)
+                for shard, piece in rows.partition(count).items():
+                    yield first + shard, (name, piece)
                 self.progress.say(path, f"read {read:,} rows of {path}")
         self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
 
@@ -635,8 +667,9 @@ class ReadClassificationFiles(beam.PTransform):
     """Sources (name -> Source with expanded files) -> (pieces, rejects, stats)."""
 
     def __init__(self, sources, slice_keys, num_shards, quiet, started,
-                 config: ClassificationConfig | None = None):
+                 config: ClassificationConfig | None = None, layout: dict | None = None):
         super().__init__()
+        self.layout = layout
         self.sources = sources
         self.slice_keys = slice_keys
         self.num_shards = num_shards
@@ -648,8 +681,9 @@ class ReadClassificationFiles(beam.PTransform):
         schemas = {name: schema_of(name) for name in self.sources}
         validate_rows = functools.partial(validate_table,
                                           max_labels=self.config.labels_per_row_limit)
-        reader = ReadClassificationFile(self.sources, schemas, validate_rows, no_vocabulary, self.slice_keys,
-                          self.num_shards, self.quiet, self.started)
+        reader = ReadClassificationFile(self.sources, schemas, validate_rows, no_vocabulary,
+                                        self.slice_keys, self.num_shards, self.quiet,
+                                        self.started, self.layout)
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
                                                  (TAG_REJECTED, TAG_STATS, TAG_VOCAB))
         return read.pieces, read[TAG_REJECTED], read[TAG_STATS]

@@ -23,7 +23,10 @@ class FilesJob(NamedTuple):
     bootstrap: transforms.kernels.bootstrap.Bootstrap, the replicates the task's kernels weigh
     (replicates 0: none); compare_to: the baseline model of the paired comparisons, or None;
     presence: return Evaluated.presence even without compare_to or replicates (the sweep's
-    datum fingerprints, pipelines/leaderboard.py); the metrics do not change."""
+    datum fingerprints, pipelines/leaderboard.py); the metrics do not change. layout: None, or
+    {dataset: (first shard, shard count)} for a job over several datasets whose source names
+    are qualified by their dataset (transforms.io.qualified; a sweep's group of cells, only for
+    tasks with TaskSpec.separable_models)."""
 
     sources: dict
     models: tuple
@@ -35,6 +38,7 @@ class FilesJob(NamedTuple):
     bootstrap: Any = None
     compare_to: Any = None
     presence: bool = False
+    layout: Any = None
 
 
 class Evaluated(NamedTuple):

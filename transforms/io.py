@@ -36,6 +36,34 @@ TAG_STATS = "stats"
 TAG_VOCAB = "vocab"
 # the source name of the ground truth; every other source is a model
 GROUNDTRUTHS = "groundtruths"
+# A job over several datasets at once (a sweep's group of cells, pipelines/sweep_cells.py) names
+# each source "<dataset>" DATASET_SEP "<name>", name "groundtruths" or the model's; a source
+# name of a run alone has no separator (model names cannot hold it).
+DATASET_SEP = "\x1f"
+
+
+def qualified(dataset: str, name: str) -> str:
+    """The source name of `name` in `dataset` (name itself when dataset is "")."""
+    return f"{dataset}{DATASET_SEP}{name}" if dataset else name
+
+
+def dataset_of(source: str) -> str:
+    """The dataset part of a source name ("" for a run alone)."""
+    return source.rsplit(DATASET_SEP, 1)[0] if DATASET_SEP in source else ""
+
+
+def role_of(source: str) -> str:
+    """The source name without its dataset: "groundtruths" or the model's own name."""
+    return source.rsplit(DATASET_SEP, 1)[-1]
+
+
+def truth_of(source: str) -> str:
+    """The ground truth's source name in the dataset of `source`."""
+    return qualified(dataset_of(source), GROUNDTRUTHS)
+
+
+def is_truth(source: str) -> bool:
+    return role_of(source) == GROUNDTRUTHS
 
 
 class InputError(Exception):
@@ -387,11 +415,12 @@ class ReadFiles(beam.PTransform):
         uses = getattr(pbegin.pipeline, READ_USES, None) or {}
         parts, own = [], []
         for name, source in sorted(self.sources.items()):
-            if uses.get((name, tuple(source.files)), 2) < 2:
+            # uses name sources as runs alone name them (a multi-dataset read qualifies them)
+            if uses.get((role_of(name), tuple(source.files)), 2) < 2:
                 own.append(name)
                 continue
             reader = self._narrowed([name])
-            key = (name, tuple(source.files), hashlib.sha256(pickler.dumps(reader)).hexdigest())
+            key = (name, tuple(source.files), _reader_digest(reader))
             if key not in shared:
                 shared[key] = self._read(pbegin, {name: source}, reader, f"[{name}]")
             parts.append(shared[key])
@@ -425,6 +454,84 @@ class ReadFiles(beam.PTransform):
                 | f"Spread{suffix}" >> beam.Reshuffle()  # lets a cluster read different files at once
                 | f"Read{suffix}" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
                 .with_outputs(*self.tags, main="pieces"))
+
+
+def _reader_digest(reader: beam.DoFn) -> str:
+    """A digest of a reader's settings, equal for equal settings: Sources as JSON text, since a
+    pickle differs when equal strings are one object in one reader and two in the other."""
+    plain = copy.copy(reader)
+    for attribute, value in vars(reader).items():
+        if isinstance(value, dict):
+            setattr(plain, attribute, {key: json.dumps([item.name, item.pattern, list(item.files)])
+                                       if isinstance(item, Source) else item
+                                       for key, item in value.items()})
+    return hashlib.sha256(pickler.dumps(plain)).hexdigest()
+
+
+class ReadDatasets(beam.PTransform):
+    """A multi-dataset job's reading (FilesJob.layout). read(sources, shard count, layout) ->
+    (pieces, rejects, stats) is the task's reading PTransform.
+
+    Datasets none of whose sources another graph of the pipeline reads (share_reads' uses) are
+    read together in one step, under their qualified names, each source's rows split into its
+    dataset's shard range (layout). A dataset with a source that another graph reads is read as
+    a run of that dataset alone reads it (own names, own shard count), so that share_reads can
+    share the read, then renamed into the job: names qualified, shards moved to its range.
+
+    layout: {dataset: (first shard, shard count)}; sources: {qualified name: Source}."""
+
+    def __init__(self, layout: dict, read, sources: dict):
+        super().__init__()
+        self.layout, self.read, self.sources = layout, read, sources
+
+    def expand(self, pbegin):
+        uses = getattr(pbegin.pipeline, READ_USES, None) or {}
+
+        def shared(dataset):
+            return any(uses.get((role_of(n), tuple(s.files)), 1) > 1
+                       for n, s in self.sources.items() if dataset_of(n) == dataset)
+
+        apart = [d for d in sorted(self.layout) if shared(d)]
+        together = {n: s for n, s in self.sources.items() if dataset_of(n) not in apart}
+        outputs = ([], [], [])
+        if together:
+            total = sum(count for _, count in self.layout.values())
+            read = pbegin | "Read" >> self.read(together, total, self.layout)
+            for i, pcoll in enumerate(read):
+                outputs[i].append(pcoll)
+        for dataset in apart:
+            first, count = self.layout[dataset]
+            mine = {role_of(name): source for name, source in self.sources.items()
+                    if dataset_of(name) == dataset}
+            pieces, rejects, stats = pbegin | f"Read[{dataset}]" >> self.read(mine, count, None)
+            outputs[0].append(pieces | f"Pieces[{dataset}]" >> beam.Map(_piece_in, dataset, first))
+            outputs[1].append(rejects | f"Rejects[{dataset}]" >> beam.Map(_reject_in, dataset))
+            outputs[2].append(stats | f"Stats[{dataset}]" >> beam.Map(_counter_in, dataset))
+        if not apart:
+            return tuple(parts[0] for parts in outputs)
+        return tuple(parts | f"Flatten[{i}]" >> beam.Flatten() for i, parts in enumerate(outputs))
+
+
+def shard_range(layout: dict | None, source: str, num_shards: int) -> tuple[int, int]:
+    """(first shard, shard count) of the rows of `source`: its dataset's range in a
+    multi-dataset read (ReadDatasets), else 0 and num_shards."""
+    if layout:
+        return layout[dataset_of(source)]
+    return 0, num_shards
+
+
+def _piece_in(element, dataset: str, first: int):
+    shard, (name, rows) = element
+    return first + shard, (qualified(dataset, name), rows)
+
+
+def _reject_in(record: dict, dataset: str) -> dict:
+    return dict(record, source=qualified(dataset, record["source"]))
+
+
+def _counter_in(pair, dataset: str):
+    (counter, name), n = pair
+    return (counter, qualified(dataset, name)), n
 
 
 SHARED_READS = "_evalbeam_shared_reads"
