@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, read_jsonl, run_classification, write_jsonl
+from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification, write_jsonl
 
 LABELS = ["cat", "dog", "bird"]
 MODELS = {"good": 0.9, "fair": 0.75, "poor": 0.55}
@@ -405,3 +405,107 @@ predictions = "{tmp_path}/d/wild.jsonl"
     assert any(r["parameters"].get("label", {}).get("value") == "fox"
                for r in read_jsonl(out / "cells" / "d" / "wild" / "metrics.jsonl"))
     assert info(out)["cells"][0]["ran"] and info(out)["status"] == "complete"
+
+
+def _overlapping_datasets(folder: Path):
+    """Two datasets whose datum uids are the same strings (u0, u1, ...) with other truths: a
+    shard of one dataset must never meet the other's rows. x's ground truth repeats a uid (both
+    copies rejected, in x's cells only); y's model b predicts a datum y lacks (an orphan)."""
+    rng = random.Random(11)
+    for d, n in (("x", 90), ("y", 70)):
+        truth = [rng.choice(LABELS) for _ in range(n)]
+        rows = [{"datum_uid": f"u{i}", "labels": [{"key": "class", "value": v}],
+                 "metadata": {"region": rng.choice(["eu", "us"])}} for i, v in enumerate(truth)]
+        if d == "x":
+            rows.append(dict(rows[3]))
+        write_jsonl(folder / d / "gt.jsonl", rows)
+        for model, skill in (("a", 0.8), ("b", 0.6)):
+            preds = []
+            for i, v in enumerate(truth):
+                top = v if rng.random() < skill else rng.choice(LABELS)
+                preds.append({"datum_uid": f"u{i}", "labels": [
+                    {"key": "class", "value": x, "score": 0.9 if x == top else round(rng.random() * 0.4, 2)}
+                    for x in LABELS]})
+            if d == "y" and model == "b":
+                preds.append({"datum_uid": "u500", "labels": [{"key": "class", "value": "cat", "score": 0.5}]})
+            write_jsonl(folder / d / f"{model}.jsonl", preds)
+    manifest = folder / "sweep.toml"
+    manifest.write_text(f"""
+[sweep]
+bootstrap = 40
+
+[[dataset]]
+name = "x"
+task = "classification"
+groundtruths = "{folder}/x/gt.jsonl"
+options = {{ slice = ["region"] }}
+
+[[dataset]]
+name = "y"
+task = "classification"
+groundtruths = "{folder}/y/gt.jsonl"
+options = {{ slice = ["region"] }}
+
+[[model]]
+name = "a"
+predictions = "{folder}/{{dataset}}/a.jsonl"
+
+[[model]]
+name = "b"
+predictions = "{folder}/{{dataset}}/b.jsonl"
+""")
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def overlapping(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("overlap")
+    manifest = _overlapping_datasets(folder)
+    out = folder / "out"
+    assert sweep([manifest, "--output", out, "--quiet"]) == 1   # x's repeated uid: rejections
+    return folder, manifest, out
+
+
+def test_datasets_in_one_graph_equal_their_runs_alone(overlapping):
+    """Cells of two datasets with the same options are one graph (sweep_cells.CellGroupJob over
+    both datasets, FilesJob.layout); with the same uid strings in both datasets, each cell still
+    equals its run alone: records, intervals, rejections, problems and counts."""
+    import argparse
+
+    from evalbeam.pipelines.sweep import plan_cells
+    from evalbeam.pipelines.sweep_cells import groups_of
+    from evalbeam.pipelines.sweep_manifest import load
+
+    folder, manifest, out = overlapping
+    plans = plan_cells(load(str(manifest)), str(folder / "plan"), [], argparse.Namespace(num_shards=None),
+                       time.time())
+    assert [len(group) for group in groups_of(plans)] == [4]
+    for d in ("x", "y"):
+        for model in ("a", "b"):
+            alone = folder / "alone" / d / model
+            code = run_classification(["--groundtruths", folder / d / "gt.jsonl", "--predictions",
+                                       f"{model}={folder / d / model}.jsonl", "--output", alone,
+                                       "--bootstrap", "40", "--slice", "region", "--quiet"])
+            cell = out / "cells" / d / model
+            assert (cell / "metrics.jsonl").read_bytes() == (alone / "metrics.jsonl").read_bytes()
+            assert (cell / "rejected.jsonl").read_bytes() == (alone / "rejected.jsonl").read_bytes()
+            mine, theirs = (json.loads((f / "run.json").read_text()) for f in (cell, alone))
+            assert mine["problems"] == theirs["problems"] and mine["counts"] == theirs["counts"]
+            assert mine["status"] == theirs["status"] and code == (1 if d == "x" or model == "b" else 0)
+    x_rejects = read_jsonl(out / "cells" / "x" / "a" / "rejected.jsonl")
+    # both copies of u3's ground truth, and a's prediction of u3, which then has none
+    assert [(r["source"], r["line"]) for r in x_rejects] == [("a", 4), ("groundtruths", 4),
+                                                             ("groundtruths", 91)]
+    assert [r["source"] for r in read_jsonl(out / "cells" / "y" / "b" / "rejected.jsonl")] == ["b"]
+    assert read_jsonl(out / "cells" / "y" / "a" / "rejected.jsonl") == []
+
+
+@pytest.mark.multiprocess
+def test_datasets_in_one_graph_on_the_multi_process_runner(overlapping, tmp_path):
+    folder, manifest, out = overlapping
+    other = tmp_path / "mp"
+    assert sweep([manifest, "--output", other, "--quiet", *MULTIPROCESS]) == 1
+    for cell in ("x/a", "x/b", "y/a", "y/b"):
+        for name in ("metrics.jsonl", "rejected.jsonl"):
+            assert (other / "cells" / cell / name).read_bytes() == (out / "cells" / cell / name).read_bytes()
+    assert (other / "leaderboard.jsonl").read_bytes() == (out / "leaderboard.jsonl").read_bytes()
