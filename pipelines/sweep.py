@@ -502,8 +502,8 @@ def execute(plans: list[Plan], beam_args: list[str], quiet: bool, started: float
 
 
 def _add_cells(pipeline, plans: list[Plan], started: float, sidecars: bool) -> None:
-    """Every cell's graph: a group of cells that differ only in their model as one multi-model
-    graph (pipelines/sweep_cells.py), any other cell as its own launcher.TaskJob."""
+    """Every cell's graph: cells that share their task and options as one graph over all their
+    datasets and models (pipelines/sweep_cells.py), any other cell as its own launcher.TaskJob."""
     from evalbeam.pipelines.launcher import TaskJob
     from evalbeam.pipelines.leaderboard import cell_sidecar
     from evalbeam.pipelines.sweep_cells import CellGroupJob, group_job, groups_of

@@ -41,7 +41,7 @@ from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.merge import merged_records
 
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
@@ -214,7 +214,8 @@ class Vocabularies(beam.PTransform):
                       | "PieceVocabulary" >> beam.Map(piece_vocabulary)
                       | "PerSource" >> beam.CombinePerKey(VocabularyCombineFn(limit))
                       | "BySource" >> beam.combiners.ToDict())
-        return per_source, per_source | "PerModel" >> beam.Map(model_vocabularies, self.models, limit)
+        return per_source, (per_source
+                            | "PerModel" >> beam.Map(model_vocabularies, self.models, limit))
 
 
 def _dedupe(rows: LabelRows) -> tuple[LabelRows, np.ndarray, np.ndarray]:
@@ -464,20 +465,14 @@ def record_sort_key(record: dict):
             canonical_json(params))
 
 
-def _model_records(element, vocabs: dict, config: ClassificationConfig):
-    """((model, slice JSON), merged state) -> its records (merge.records_of), on the model's
-    own vocabulary."""
-    (model, _), _ = element
-    return records_of(element, state_records, vocabs[model], config)
-
-
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
               started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False,
               layout=None):
     """The shared tail: shard pieces (shard, (source, rows)) and the vocabularies (a singleton
-    {model: vocabulary}) matched per shard, the states merged per (model, slice), records. Returns (records, rejects,
-    stats, presence, outcomes) of the matching step; presence and outcomes are None unless
-    bootstrapping with compare; presence=True: presence even without (outcomes stay None)."""
+    {model: vocabulary}) matched per shard, the states merged per (model, slice), records.
+    Returns (records, rejects, stats, presence, outcomes) of the matching step; presence and
+    outcomes are None unless bootstrapping with compare; presence=True: presence even without
+    (outcomes stay None)."""
     vocab_view = beam.pvalue.AsSingleton(vocab)
     wanted = bootstrap if bootstrap is not None and bootstrap.enabled else None
     if config.bootstrap != wanted:
@@ -490,9 +485,8 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
                | "Match" >> beam.ParDo(match, vocab_view)
                .with_output_types(PARTIAL).with_outputs(
                    TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
-    records = (matched.partials
-               | "Combine" >> beam.CombinePerKey(MergeStates())
-               | "Records" >> beam.FlatMap(_model_records, vocab_view, config))
+    # each model's states read on its own vocabulary
+    records = merged_records(matched.partials, state_records, vocab_view, config, by_model=True)
     presence = matched[TAG_PRESENCE] if match.presence else None
     outcomes = matched[TAG_OUTCOMES] if match.compare else None
     return records, matched[TAG_REJECTED], matched[TAG_STATS], presence, outcomes

@@ -36,13 +36,17 @@ class MergeStates(beam.CombineFn):
         return self.compact(acc)
 
 
-def records_of(element, state_records, *args, **kwargs):
+def records_of(element, state_records, *args, by_model: bool = False, **kwargs):
     """((model, slice JSON), merged state) -> the records of state_records(state, *args,
     **kwargs) (a kernel's function, records without model and slice), each with "model" and
-    "slice" added last; nothing for an empty (None) state."""
+    "slice" added last; nothing for an empty (None) state. by_model: args[0] is {model: value}
+    and state_records gets the value of the element's model (classification's per-model
+    vocabularies)."""
     (model, slice_json), state = element
     if state is None:
         return
+    if by_model:
+        args = (args[0][model],) + args[1:]
     slice_value = json.loads(slice_json)
     for record in state_records(state, *args, **kwargs):
         record["model"] = model
@@ -50,9 +54,10 @@ def records_of(element, state_records, *args, **kwargs):
         yield record
 
 
-def merged_records(partials, state_records, *args):
+def merged_records(partials, state_records, *args, by_model: bool = False):
     """((model, slice JSON), partial state) pairs -> the records of each merged state:
-    CombinePerKey(MergeStates()), then records_of with state_records(state, *args)."""
+    CombinePerKey(MergeStates()), then records_of with state_records(state, *args) (by_model:
+    see records_of)."""
     return (partials
             | "Combine" >> beam.CombinePerKey(MergeStates())
-            | "Records" >> beam.FlatMap(records_of, state_records, *args))
+            | "Records" >> beam.FlatMap(records_of, state_records, *args, by_model=by_model))
