@@ -14,6 +14,9 @@ TOOLS = {
     "sweep": ("evalbeam.pipelines.sweep",
               "many models x many datasets in one pipeline, resumable, with a leaderboard "
               "(evalbeam sweep --help)"),
+    "report": ("evalbeam.pipelines.report_command",
+               "the self-contained HTML report of a finished run or sweep folder "
+               "(evalbeam report DIR [--baseline DIR] [-o FILE])"),
     "demo": ("evalbeam.pipelines.demo",
              "make a small synthetic dataset, evaluate it and show the results"),
 }

@@ -13,7 +13,7 @@ import sys
 from importlib import metadata
 
 
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_GATES = 0, 1, 2, 3, 4, 5
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
 

@@ -12,7 +12,8 @@ its outputs but rejected more rows than --max_rejected_fraction allows
 changed), or an input that broke off while being read ("failed"); 3 the pipeline failed
 ("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the run could not
 compute what was asked ("incomplete": every row of a source rejected, a --slice key no row has,
-judge calls that failed; run.json's "problems" say which).
+judge calls that failed; run.json's "problems" say which); 5 every output was written, the run
+is complete, but a gate failed (--gates; run.json's "gates" and gates.json say which).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def build_parser(spec: TaskSpec) -> argparse.ArgumentParser:
                     "passed to Beam (--runner, --direct_num_workers, --direct_running_mode, ...).")
     add_input_arguments(parser, spec.input_help)
     add_common_arguments(parser)
+    add_finishing_arguments(parser)
     spec.add_arguments(parser)
     return parser
 
@@ -155,6 +157,44 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
+def add_finishing_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is made of a run's finished outputs (pipelines/finishing.py), and results history."""
+    parser.add_argument("--gates", default=None, metavar="FILE",
+                        help="quality gates (TOML [[gate]] tables, pipelines/gates.md): gates.json "
+                             "records every check; a failed gate exits 5")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="an earlier run's output folder of this task: comparison.jsonl, and "
+                             "the baseline of the gates' change bounds")
+    parser.add_argument("--report", action="store_true",
+                        help="also write report.html, one self-contained page (pipelines/report.md)")
+    parser.add_argument("--mlflow_tracking_uri", default=None, metavar="URI",
+                        help="log the run to MLflow (needs evalbeam[mlflow]; pipelines/history.md)")
+
+
+def prepare_finishing(spec: TaskSpec, args, models, slices):
+    """The run's Finishing (pipelines/finishing.py) from --gates, --baseline and --report, after
+    checking them and --mlflow_tracking_uri; raises UsageError before anything is written."""
+    from evalbeam.pipelines import gates as gating
+    from evalbeam.pipelines.comparison import check_baseline
+    from evalbeam.pipelines.finishing import Finishing
+
+    baseline = getattr(args, "baseline", None)
+    if baseline:
+        check_baseline(baseline, spec.name)
+    gates = ()
+    if getattr(args, "gates", None):
+        gates = tuple(gating.load_gates(args.gates))
+        types = set(spec.plumbing().METRIC_TYPES) | ({"Comparison"} if args.compare_to else set())
+        gating.check_gates(list(gates), metric_types=types, models=models, slices=slices,
+                           intervals=args.uncertainty.enabled, baseline=bool(baseline))
+    if getattr(args, "mlflow_tracking_uri", None):
+        from evalbeam.pipelines.history import check_tracking_uri
+
+        check_tracking_uri(args.mlflow_tracking_uri)
+    return Finishing(gates=gates, gates_source=getattr(args, "gates", None), baseline=baseline,
+                     report=bool(getattr(args, "report", False)))
+
+
 def default_num_shards(total_bytes: int, replicates: int = 0) -> int:
     """About one shard per 64 MiB of input, at least 2 (so two workers have work), at most 256.
     With more than 100 bootstrap replicates, proportionally more: a shard holds one weight
@@ -234,20 +274,22 @@ def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
 
 
 def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
-                beam_args: list[str], started: float, num_shards: int | None = None):
+                beam_args: list[str], started: float, num_shards: int | None = None,
+                after: tuple = ()):
     """(folder, sources, run_info, beam_args) of one run, after checking its inputs
     (spec.check_source) and its output folder, with nothing written yet; raises
     transforms.io.InputError. num_shards: the shard count when --num_shards does not give one
     (default: default_num_shards of the input size). beam_args gain the default worker log
-    level. Shared by run_job and the sweep (pipelines/sweep.py), so that a sweep's cell is set
-    up exactly as the same run alone."""
+    level. after: the files written from the finished outputs (Finishing.names). Shared by
+    run_job and the sweep (pipelines/sweep.py), so that a sweep's cell is set up exactly as the
+    same run alone."""
     from apache_beam.io.filesystems import FileSystems
 
     from evalbeam.transforms.io import expand_source
     from evalbeam.transforms.outputs import OutputFolder
 
     outputs = tuple(spec.extra_outputs(config))
-    folder = OutputFolder(args.output, outputs, overwrite=args.overwrite)
+    folder = OutputFolder(args.output, outputs, overwrite=args.overwrite, after=after)
     sources = {"groundtruths": expand_source("groundtruths", args.groundtruths, spec.known_formats)}
     for name, pattern in models.items():
         sources[name] = expand_source(name, pattern, spec.known_formats)
@@ -322,8 +364,13 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
     from evalbeam.transforms.outputs import EXIT_CODES, RUNNING
 
     try:
+        finishing = prepare_finishing(spec, args, models, slices)
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+    try:
         folder, sources, run_info, beam_args = prepare_run(spec, config, args, models, slices,
-                                                           beam_args, started)
+                                                           beam_args, started, after=finishing.names)
     except InputError as error:
         say_error(getattr(error, "message", str(error)))
         return EXIT_USAGE
@@ -341,7 +388,8 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         pipeline = make_pipeline(options)
         job = FilesJob(sources, tuple(sorted(models)), tuple(slices), num_shards, args.quiet,
                        started, folder.temp, args.uncertainty, args.compare_to)
-        build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction)
+        build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction,
+                       finishing)
         with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
             pipeline.run().wait_until_finish()
     except Exception as error:  # the pipeline failed: say why in one paragraph, keep no metrics
@@ -357,6 +405,10 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
         print(f"evalbeam: job submitted; its outputs will appear in {args.output} when it "
               "finishes (run.json says \"running\" until then).", file=sys.stderr)
         return EXIT_OK
+    from evalbeam.pipelines.finishing import gates_exit, print_gates
+
+    if not args.quiet and info.get("gates") and not info["gates"]["passed"]:
+        print_gates(info, args.output, sys.stderr)      # failed checks first
     if not args.quiet:
         print(spec.summarize(folder.final("metrics.jsonl"), info, config))
         if args.uncertainty.enabled:
@@ -375,13 +427,38 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
               f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
               f"Wall time {info['wall_time_seconds']:.1f} s.")
     report_problems(info, folder.final("rejected.jsonl"), args.max_rejected_fraction)
-    return EXIT_CODES[info["status"]]
+    if info.get("gates") and (args.quiet or info["gates"]["passed"]):
+        print_gates(info, args.output, sys.stderr)
+    if "report.html" in folder.after and not args.quiet:
+        print(f"evalbeam: report in {folder.final('report.html')}", file=sys.stderr)
+    code = gates_exit(info, EXIT_CODES[info["status"]])
+    if args.mlflow_tracking_uri:
+        code = log_history(args.mlflow_tracking_uri, args.output, code, quiet=args.quiet)
+    return code
+
+
+def log_history(uri: str, folder: str, code: int, quiet: bool, run_name=None, tags=None) -> int:
+    """Log a finished run folder to MLflow (pipelines/history.py); a failure to log is said in
+    one line and makes a successful run exit EXIT_FAILED, the outputs being complete: a nightly
+    job whose history silently stops is the failure this option exists to prevent."""
+    from evalbeam.pipelines.history import log_run
+
+    try:
+        run_id = log_run(folder, uri, run_name=run_name, tags=tags)
+    except Exception as error:
+        say_error(f"the run finished and its outputs are in {folder}, but logging it to MLflow "
+                  f"({uri}) failed: {type(error).__name__}: {error}")
+        return code if code != EXIT_OK else EXIT_FAILED
+    if not quiet:
+        print(f"evalbeam: logged to MLflow at {uri} (run {run_id})", file=sys.stderr)
+    return code
 
 
 def build_pipeline(pipeline, spec: TaskSpec, config, job, folder, run_info: dict,
-                   max_rejected_fraction: float) -> None:
+                   max_rejected_fraction: float, finishing=None) -> None:
     """Add the task's job to `pipeline` (see TaskJob)."""
-    _ = pipeline | TaskJob(spec, config, job, folder, run_info, max_rejected_fraction)
+    _ = pipeline | TaskJob(spec, config, job, folder, run_info, max_rejected_fraction,
+                           finishing=finishing)
 
 
 class TaskJob(beam.PTransform):
@@ -392,13 +469,15 @@ class TaskJob(beam.PTransform):
 
     sidecar(out) -> a PCollection of one (path, dict), or None: a JSON file written (atomically)
     just before the run publishes, so that it exists whenever run.json says the run ended (the
-    sweep's per-cell leaderboard inputs, pipelines/sweep.py)."""
+    sweep's per-cell leaderboard inputs, pipelines/sweep.py). finishing: a
+    pipelines.finishing.Finishing (comparison, gates, report), run just before publishing."""
 
     def __init__(self, spec: TaskSpec, config, job, folder, run_info: dict,
-                 max_rejected_fraction: float, sidecar=None):
+                 max_rejected_fraction: float, sidecar=None, finishing=None):
         super().__init__()
         self.spec, self.config, self.job, self.folder = spec, config, job, folder
         self.run_info, self.max_rejected_fraction, self.sidecar = run_info, max_rejected_fraction, sidecar
+        self.finishing = finishing or None
 
     def expand(self, pbegin):
         from evalbeam.transforms.io import WriteJsonl
@@ -423,7 +502,7 @@ class TaskJob(beam.PTransform):
                     _publish_once, beam.pvalue.AsList(stats), beam.pvalue.AsSingleton(n_metrics),
                     beam.pvalue.AsSingleton(n_rejected), folder, self.run_info, job.started,
                     self.max_rejected_fraction, *extra, problems=beam.pvalue.AsList(out.problems),
-                    report=report,
+                    report=report, finish=self.finishing,
                     sidecar=beam.pvalue.AsSingleton(sidecar) if sidecar is not None else None))
 
 
@@ -432,7 +511,7 @@ def _publish_once(_, stats, *args, **kwargs):
 
 
 def _publish(stats, n_metrics, n_rejected, folder, run_info, started, max_rejected_fraction,
-             *n_rows, problems=(), report=None, sidecar=None):
+             *n_rows, problems=(), report=None, sidecar=None, finish=None):
     from evalbeam.transforms.outputs import finalize_run, write_json_atomic
 
     if report:
@@ -441,4 +520,4 @@ def _publish(stats, n_metrics, n_rejected, folder, run_info, started, max_reject
         path, content = sidecar
         write_json_atomic(content, path)
     return finalize_run(stats, n_metrics, n_rejected, folder, run_info, started,
-                        max_rejected_fraction, *n_rows, problems=list(problems))
+                        max_rejected_fraction, *n_rows, problems=list(problems), finish=finish)

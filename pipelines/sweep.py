@@ -15,7 +15,8 @@ headline metrics side by side (pipelines/leaderboard.py). Reference: pipelines/s
 
 Exit codes: 0 every cell complete; 1 a cell rejected more rows than allowed; 2 an unusable
 manifest, command line, input or output folder (nothing ran); 3 a cell's pipeline failed;
-4 a cell is incomplete. With several, the worst in the order 3, 4, 1.
+4 a cell is incomplete; 5 every cell ended but a gate failed (pipelines/sweep_finishing.py).
+With several, the worst in the order 3, 4, 5, 1.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REJECTED,
                                        EXIT_USAGE, UsageError, say_error, split_beam_args)
+from evalbeam.pipelines import sweep_finishing
 from evalbeam.pipelines.sweep_manifest import Cell, ManifestError, load, option_args
 from evalbeam.transforms.outputs import EXIT_CODES, _exists
 
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
     parser.add_argument("--num_shards", type=int, default=None,
                         help="datum shards of every cell (default: per dataset, from its size)")
+    sweep_finishing.add_arguments(parser)
     return parser
 
 
@@ -81,6 +84,7 @@ def run(argv: list[str]) -> int:
         output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.manifest)),
                                              ".evalbeam-validate")
         plans = plan_cells(manifest, output, beam_args, args, started)
+        args.finishing = sweep_finishing.prepare(manifest, plans, args)
         if not validate_only:
             check_sweep_folder(output)
     except ManifestError as error:
@@ -343,7 +347,8 @@ def check_sweep_folder(output: str) -> None:
     if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
         raise UsageError(f"--output {output} is a file, not a folder")
     own = _read_or_none(join(output, SWEEP_JSON), read_json)
-    present = [n for n in (SWEEP_JSON, LEADERBOARD_JSONL, LEADERBOARD_CSV) if _exists(join(output, n))]
+    present = [n for n in (SWEEP_JSON, LEADERBOARD_JSONL, LEADERBOARD_CSV) + sweep_finishing.SWEEP_OUTPUTS
+               if _exists(join(output, n))]
     if present and not (isinstance(own, dict) and own.get("written_by") == "evalbeam"):
         raise UsageError(f"the folder {output} holds {', '.join(present)}, which evalbeam's sweep "
                          "did not write; choose another --output or move them away")
@@ -565,7 +570,8 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
 
             FileSystems.mkdirs(output)
         write_sweep_json(output, info)
-        for name in (LEADERBOARD_JSONL, LEADERBOARD_CSV):   # never stale beside a running sweep
+        for name in (LEADERBOARD_JSONL, LEADERBOARD_CSV) + sweep_finishing.SWEEP_OUTPUTS:
+            # never stale beside a running sweep
             if _exists(join(output, name)):
                 from apache_beam.io.filesystems import FileSystems
 
@@ -597,14 +603,14 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
                 failures[p.cell.id] = alone
                 p.run_info.update(error=alone, wall_time_seconds=round(time.time() - started, 3))
                 p.folder.fail(p.run_info)
-    return finish(plans, manifest, output, started, failures, args.quiet)
+    return finish(plans, manifest, output, started, failures, args.quiet, args)
 
 
 WORST = (EXIT_FAILED, EXIT_INCOMPLETE, EXIT_REJECTED, EXIT_OK)
 
 
 def finish(plans: list[Plan], manifest, output: str, started: float, failures: dict,
-           quiet: bool) -> int:
+           quiet: bool, args=None) -> int:
     """Read every cell's run.json, write the leaderboard and sweep.json, print the summary;
     returns the exit code."""
     from evalbeam.pipelines import leaderboard
@@ -645,7 +651,12 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
                 ran=sum(p.runs for p in plans), skipped=sum(not p.runs for p in plans),
                 leaderboard_rows=len(rows),
                 wall_time_seconds=round(time.time() - started, 3))
+    if args is not None and getattr(args, "finishing", None):
+        gates, baseline = args.finishing
+        code = sweep_finishing.finish(plans, output, gates, baseline, args, code, info, quiet)
     write_sweep_json(output, info)
+    if args is not None and getattr(args, "mlflow_tracking_uri", None):
+        code = sweep_finishing.log_cells(plans, info, args.mlflow_tracking_uri, output, quiet, code)
     if not quiet:
         print(summary(info, rows, output))
     for problem in problems:

@@ -35,7 +35,7 @@ SWEEP_KEYS = {"bootstrap", "confidence", "bootstrap_seed", "baseline", "max_reje
 DATASET_KEYS = {"name", "task", "groundtruths", "options", "models", "headline", "baseline"}
 MODEL_KEYS = {"name", "predictions", "datasets", "options"}
 CELL_KEYS = {"dataset", "model", "options"}
-TOP_KEYS = {"sweep", "judge", "dataset", "model", "cell"}
+TOP_KEYS = {"sweep", "judge", "dataset", "model", "cell", "gate"}
 # options a cell may not set: the sweep sets them (inputs, output folder, comparisons, intervals)
 RESERVED = {"groundtruths", "predictions", "output", "overwrite", "quiet", "compare_to",
             "bootstrap", "confidence", "bootstrap_seed", "max_rejected_fraction"}
@@ -74,6 +74,7 @@ class Manifest:
     datasets: list
     models: list
     cells: list
+    gates: list = field(default_factory=list)     # the [[gate]] tables (pipelines/gates.py)
 
 
 class Lines:
@@ -173,7 +174,7 @@ def load(path: str) -> Manifest:
     for key in sorted(set(data) - TOP_KEYS):
         errors.append(f"{path} (line {lines.of(key) if isinstance(data[key], dict) else _top_line(lines, key)}): "
                       f"unknown key {key!r}; a manifest has [sweep], [judge], [[dataset]], "
-                      "[[model]] and [[cell]] tables")
+                      "[[model]], [[cell]] and [[gate]] tables")
     sweep = data.get("sweep", {})
     judge = data.get("judge", {})
     if not isinstance(sweep, dict):
@@ -313,9 +314,17 @@ def load(path: str) -> Manifest:
                       "is that pair (the model does not apply to the dataset)")
     if not cells and not errors:
         errors.append(f"{path}: no cell: no model applies to any dataset")
+    gates = data.get("gate", [])
+    if gates:
+        from evalbeam.pipelines.gates import parse_gates
+
+        try:
+            parse_gates(gates, path)
+        except UsageError as error:
+            errors.append(str(error))
     if errors:
         raise ManifestError(errors)
-    return Manifest(path, sweep, judge, datasets, models, cells)
+    return Manifest(path, sweep, judge, datasets, models, cells, gates)
 
 
 def _top_line(lines: Lines, key: str) -> int:

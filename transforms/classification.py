@@ -452,6 +452,8 @@ class MatchClassification(ProgressDoFn):
                     TAG_OUTCOMES, ((identity, slice_json), (model, hashes, correct[t, labelled])))
 
 
+# every record type this task can write (gates check names against it)
+METRIC_TYPES = ALL_METRIC_TYPES
 TYPE_ORDER = {name: i for i, name in enumerate(ALL_METRIC_TYPES)}
 
 

@@ -33,7 +33,8 @@ from apache_beam.io.filesystems import FileSystems
 from evalbeam.transforms.io import InputError, join, read_json
 
 WRITTEN_BY = "evalbeam"
-OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl")
+OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl",
+                "comparison.jsonl", "gates.json", "report.html")
 TEMP_PREFIX = ".evalbeam-tmp-"
 
 # Run statuses, worst last, and the exit code each ends with.
@@ -112,13 +113,16 @@ class OutputFolder:
     """The output folder of one run (see the module docstring for the protocol).
 
     `names` are the outputs this run writes: metrics.jsonl, run.json and rejected.jsonl, plus the
-    task's `extra` ones (scores.jsonl, per_query.jsonl), published before run.json."""
+    task's `extra` ones (scores.jsonl, per_query.jsonl) and those written from the finished
+    outputs just before publishing (`after`: comparison.jsonl, gates.json, report.html), all
+    published before run.json."""
 
     FINAL = ("metrics.jsonl", "run.json", "rejected.jsonl")
 
-    def __init__(self, folder: str, extra: tuple = (), overwrite: bool = False):
+    def __init__(self, folder: str, extra: tuple = (), overwrite: bool = False, after: tuple = ()):
         self.folder = folder
         self.extra = tuple(extra)
+        self.after = tuple(after)
         self.overwrite = overwrite
         self.token = uuid.uuid4().hex[:12]
         self.tmp = join(folder, TEMP_PREFIX + self.token)
@@ -126,7 +130,7 @@ class OutputFolder:
 
     @property
     def names(self) -> tuple:
-        return self.FINAL + self.extra
+        return self.FINAL + self.extra + self.after
 
     def final(self, name: str) -> str:
         return join(self.folder, name)
@@ -352,13 +356,16 @@ def reject_sort_key(record: dict):
 
 def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,
                  run_info: dict, started: float, allowed_rejected_fraction: float,
-                 n_scores: int | None = None, problems: list | None = None) -> dict:
+                 n_scores: int | None = None, problems: list | None = None,
+                 finish=None) -> dict:
     """The last step of a pipeline: check the counts, judge the run, publish the outputs, return
     run.json.
 
     Runs inside the pipeline (after every output is written), so a job launched without a
     waiting client (a Dataflow flex template) still publishes complete outputs. `problems` are
-    the task's own findings (problem() dicts); the checks every task shares are added here."""
+    the task's own findings (problem() dicts); the checks every task shares are added here.
+    finish(info, folder) -> info: writes the files of `folder.after` from the finished outputs
+    (still in folder.temp) and returns run.json's content with what they add to it."""
     counts = source_counts(stats, run_info["sources"])
     for name, c in counts.items():
         if c["rows_read"] != c["rows_evaluated"] + c["rows_rejected"]:
@@ -382,6 +389,8 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
     )
     if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
         info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores
+    if finish is not None:
+        info = finish(info, folder)
     folder.publish(info)
     return info
 

@@ -60,6 +60,8 @@ PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 # every record type, in the order of metrics.jsonl
 RECORD_ORDER = ("Queries", "Precision", "Recall", "F1", "Hit", "MRR", "MAP", "RPrecision", "DCG", "NDCG")
+# every record type this task can write (gates check names against it)
+METRIC_TYPES = RECORD_ORDER
 
 
 @dataclass

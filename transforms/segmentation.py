@@ -380,6 +380,8 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
 
 
 RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
+# every record type this task can write (gates check names against it)
+METRIC_TYPES = RECORD_ORDER
 
 
 def record_sort_key(record: dict):

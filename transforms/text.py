@@ -317,6 +317,8 @@ def record_sort_key(record: dict):
     """model, slice, type, then parameters."""
     return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
             RECORD_ORDER.index(record["type"]), json.dumps(record["parameters"], sort_keys=True))
+# every record type this task can write (gates check names against it)
+METRIC_TYPES = RECORD_ORDER
 
 
 class EvaluateTextFiles(beam.PTransform):

@@ -1,0 +1,148 @@
+"""Comparison with a baseline run: an earlier night's output folder of the same task (or of the
+same sweep), read back, and the records of comparison.jsonl (reference: pipelines/gates.md).
+
+comparison.jsonl has one line per metric record of either run, in the new run's order (records
+only in the baseline last): `{"type", "parameters", "model", "slice", "status", "value",
+"baseline_value", "change", "relative_change", "interval", "baseline_interval"}` with status
+"both", "only_in_run" or "only_in_baseline". `change` is new minus old for a number, a dict of
+the changes of the numeric fields for a dict of numbers (ROUGE, COCOSummary, judge pass/fail),
+and null for anything else (curves, matrices), which carry `"equal"` instead;
+`relative_change` is change / |old| (null where old is 0 or not a number).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from evalbeam.pipelines.common import UsageError
+
+COMPARISON_JSONL = "comparison.jsonl"
+USABLE = ("complete", "complete_with_rejections", "incomplete")
+
+
+def _read_json(path: str):
+    from evalbeam.transforms.io import read_json
+
+    return read_json(path)
+
+
+def _join(folder: str, name: str) -> str:
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.join(folder, name)
+
+
+def read_records(path: str) -> list[dict]:
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
+                   option: str = "--baseline") -> dict:
+    """The run.json (or sweep.json) of a baseline folder, after checking that evalbeam wrote
+    it, that it finished with metrics, and (task given) that it is a run of that task. Raises
+    UsageError with one paragraph (option: how the message names the folder)."""
+    name = "sweep.json" if sweep else "run.json"
+    what = "an earlier `evalbeam sweep` output folder" if sweep else "an earlier run's output folder"
+    try:
+        info = _read_json(_join(folder, name))
+    except FileNotFoundError:
+        info = None
+    except Exception as error:
+        raise UsageError(f"{option} {folder}: cannot read its {name} ({error}); it must be {what}") from None
+    if not isinstance(info, dict) or info.get("written_by", "evalbeam") != "evalbeam" or \
+            ("status" not in info):
+        hint = ""
+        if not sweep:
+            try:
+                _read_json(_join(folder, "sweep.json"))
+                hint = " (it is a sweep's folder: use `evalbeam sweep ... --baseline` or name one cell, cells/<dataset>/<model>)"
+            except Exception:
+                pass
+        raise UsageError(f"{option} {folder}: no {name} of evalbeam's there; it must be {what}{hint}")
+    if sweep:
+        return info
+    if info["status"] not in USABLE:
+        raise UsageError(f"{option} {folder}: that run did not finish (status {info['status']!r}); "
+                         "a baseline must be a run that wrote its metrics")
+    if task is not None and info.get("task") != task:
+        raise UsageError(f"{option} {folder} is a run of {info.get('task')!r}, not of {task!r}")
+    return info
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _change(new, old):
+    """(change, relative change) of two values, or (None, None) when they are not numbers or
+    dicts of numbers."""
+    if _numeric(new) and _numeric(old):
+        change = new - old
+        return change, (change / abs(old) if old != 0 else None)
+    if isinstance(new, dict) and isinstance(old, dict):
+        fields = sorted(k for k in new.keys() & old.keys() if _numeric(new[k]) and _numeric(old[k]))
+        if fields and all(_numeric(v) or v is None for v in new.values()):
+            changes = {k: new[k] - old[k] for k in fields}
+            relative = {k: (changes[k] / abs(old[k]) if old[k] != 0 else None) for k in fields}
+            return changes, relative
+    return None, None
+
+
+def compare(records: list[dict], baseline_records: list[dict]) -> list[dict]:
+    """The rows of comparison.jsonl (module docstring), records in their given order, then those
+    only in the baseline in theirs. Comparison records (paired comparisons within a run) are
+    left out: they compare models, not runs."""
+    from evalbeam.pipelines.gates import record_key
+
+    old = {record_key(r): r for r in baseline_records if r.get("type") != "Comparison"}
+    seen = set()
+    rows = []
+    for record in records:
+        if record.get("type") == "Comparison":
+            continue
+        key = record_key(record)
+        head = {"type": record["type"], "parameters": record.get("parameters", {}),
+                "model": record.get("model"), "slice": record.get("slice", {})}
+        before = old.get(key)
+        if before is None:
+            rows.append(dict(head, status="only_in_run", value=record.get("value"),
+                             interval=record.get("interval")))
+            continue
+        seen.add(key)
+        change, relative = _change(record.get("value"), before.get("value"))
+        row = dict(head, status="both", value=record.get("value"),
+                   baseline_value=before.get("value"), change=change, relative_change=relative,
+                   interval=record.get("interval"), baseline_interval=before.get("interval"))
+        if change is None:
+            row["equal"] = record.get("value") == before.get("value")
+        rows.append(row)
+    for key, record in old.items():
+        if key not in seen:
+            rows.append({"type": record["type"], "parameters": record.get("parameters", {}),
+                         "model": record.get("model"), "slice": record.get("slice", {}),
+                         "status": "only_in_baseline", "baseline_value": record.get("value"),
+                         "baseline_interval": record.get("interval")})
+    return rows
+
+
+def comparison_summary(rows: list[dict]) -> dict:
+    """run.json's "comparison" section: how many records each status has."""
+    counts = {"both": 0, "only_in_run": 0, "only_in_baseline": 0}
+    for row in rows:
+        counts[row["status"]] += 1
+    changed = sum(1 for r in rows if r["status"] == "both" and
+                  (r.get("equal") is False or (r.get("change") not in (None, 0, 0.0) and
+                                               not (isinstance(r["change"], dict) and not any(r["change"].values())))))
+    return dict(counts, changed=changed)
+
+
+def write_rows(rows: list[dict], path: str) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(path) as out:
+        for row in rows:
+            out.write((json.dumps(row, sort_keys=False, allow_nan=False) + "\n").encode("utf-8"))

@@ -1,0 +1,110 @@
+"""What a run computes from its own finished outputs just before it publishes them: the
+comparison with a baseline run (comparison.jsonl), the gates' verdicts (gates.json) and the HTML
+report (report.html). Done inside the publishing step (transforms.outputs.finalize_run), so
+these files are part of the run's one atomic set: a killed run never shows a run.json that says
+"complete" beside missing or stale verdicts.
+
+Exit codes: a failed gate does not change run.json's status (the metrics are complete), it adds
+`"gates": {"passed": false, ...}`, and the launcher exits EXIT_GATES (5) unless the run failed
+(3) or is incomplete (4), which say more (pipelines/gates.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evalbeam.pipelines.comparison import COMPARISON_JSONL
+from evalbeam.pipelines.gates import GATES_JSON
+
+REPORT_HTML = "report.html"
+
+
+@dataclass(frozen=True)
+class Finishing:
+    """gates: pipelines.gates.Gate tuple (empty: none); gates_source: where they came from (for
+    gates.json); baseline: the baseline run's folder or None; report: write report.html."""
+
+    gates: tuple = ()
+    gates_source: str | None = None
+    baseline: str | None = None
+    report: bool = False
+
+    @property
+    def names(self) -> tuple:
+        return ((COMPARISON_JSONL,) if self.baseline else ()) + \
+            ((GATES_JSON,) if self.gates else ()) + ((REPORT_HTML,) if self.report else ())
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __call__(self, info: dict, folder) -> dict:
+        from evalbeam.pipelines import comparison, gates as gating
+        from evalbeam.transforms.outputs import ERROR, INCOMPLETE, problem, write_json_atomic
+
+        info = dict(info)
+        records = comparison.read_records(folder.temp("metrics.jsonl"))
+        baseline_records, rows, checks = None, None, None
+        if self.baseline:
+            baseline_records = comparison.read_records(comparison._join(self.baseline, "metrics.jsonl"))
+            rows = comparison.compare(records, baseline_records)
+            comparison.write_rows(rows, folder.temp(COMPARISON_JSONL))
+            info["comparison"] = dict(comparison.comparison_summary(rows), baseline=self.baseline,
+                                      file=COMPARISON_JSONL)
+        if self.gates:
+            checks = gating.evaluate(list(self.gates), records, baseline_records)
+            write_json_atomic(gating.gates_document(checks, self.gates_source, self.baseline),
+                              folder.temp(GATES_JSON))
+            info["gates"] = dict(gating.summarize(checks), file=GATES_JSON)
+        if self.report:
+            from evalbeam.pipelines.report import RunFiles, write_report
+
+            try:
+                write_report(RunFiles(folder.tmp, info), folder.temp(REPORT_HTML),
+                             baseline=self.baseline, checks=checks, comparison=rows)
+            except Exception as error:   # the metrics stand; the run says what is missing
+                info["problems"] = list(info.get("problems", [])) + [problem(
+                    ERROR, "report_failed", f"report.html could not be written "
+                    f"({type(error).__name__}: {error}); `evalbeam report {folder.folder}` "
+                    "retries it from the outputs")]
+                info["status"] = INCOMPLETE
+                with open_text(folder.temp(REPORT_HTML)) as out:
+                    out.write("<!doctype html><title>evalbeam report</title>"
+                              "<p>The report could not be written; run.json says why.</p>")
+        return info
+
+
+def open_text(path: str):
+    import codecs
+
+    from apache_beam.io.filesystems import FileSystems
+
+    return codecs.getwriter("utf-8")(FileSystems.create(path))
+
+
+def gates_exit(info: dict, code: int) -> int:
+    """The exit code of a finished run given run.json: EXIT_GATES when a gate failed and the
+    status alone says 0 or 1 (failed 3 and incomplete 4 say more)."""
+    from evalbeam.pipelines.common import EXIT_GATES, EXIT_OK, EXIT_REJECTED
+
+    gates = info.get("gates")
+    if gates and not gates.get("passed", True) and code in (EXIT_OK, EXIT_REJECTED):
+        return EXIT_GATES
+    return code
+
+
+def print_gates(info: dict, folder_path: str, stream) -> None:
+    """The gates' failed checks (first), then one line of totals."""
+    from evalbeam.pipelines import gates as gating
+    from evalbeam.pipelines.comparison import _join
+    from evalbeam.transforms.io import read_json
+
+    gates = info.get("gates")
+    if not gates:
+        return
+    if not gates["passed"]:
+        checks = read_json(_join(folder_path, GATES_JSON))["results"]
+        for line in gating.failed_lines(checks):
+            print(f"evalbeam: gate {line}", file=stream)
+    verdict = "passed" if gates["passed"] else f"FAILED ({gates['failed']} of {gates['checks']} checks)"
+    print(f"evalbeam: gates {verdict}; every check in {_join(folder_path, GATES_JSON)}", file=stream)
+

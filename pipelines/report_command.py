@@ -1,0 +1,96 @@
+"""`evalbeam report DIR [--baseline DIR] [-o FILE]`: the HTML report of a finished run or sweep
+folder (pipelines/report.md), made from its outputs without running anything again.
+
+Without -o the report is DIR/report.html; written into a run's own folder, it is added to
+run.json's list of the run's files (so a later run into the folder replaces it like any output
+of evalbeam's). A folder that is neither an evalbeam run nor a sweep exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from evalbeam.pipelines.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evalbeam report", allow_abbrev=False,
+        description="Write the self-contained HTML report of a finished run or sweep folder.")
+    parser.add_argument("folder", metavar="DIR", help="a run's --output folder, or a sweep's")
+    parser.add_argument("--baseline", metavar="DIR", default=None,
+                        help="an earlier run (or sweep) folder to compare with")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None,
+                        help="where to write the page (default DIR/report.html)")
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    from evalbeam.pipelines import comparison, report
+    from evalbeam.transforms.io import join
+
+    parser = build_parser()
+    parser.error = _raise
+    try:
+        args = parser.parse_args(argv)
+        folder = args.folder
+        out = args.output or join(folder, "report.html")
+        sweep = _exists(join(folder, "sweep.json"))
+        if sweep:
+            info = comparison.check_baseline(folder, sweep=True, option="evalbeam report")
+            if args.baseline:
+                comparison.check_baseline(args.baseline, sweep=True)
+        else:
+            info = comparison.check_baseline(folder, option="evalbeam report")
+            if args.baseline:
+                comparison.check_baseline(args.baseline, info.get("task"))
+    except UsageError as error:
+        say_error(str(error))
+        return EXIT_USAGE
+    try:
+        if sweep:
+            checks = _gates_of(folder)
+            report.write_sweep_report(folder, out, checks=checks, baseline=args.baseline)
+        else:
+            report.write_report(report.RunFiles(folder, info), out, baseline=args.baseline)
+            if args.output is None:
+                _list_in_run_json(folder, info, "report.html")
+    except OSError as error:
+        say_error(f"cannot write the report to {out}: {error}")
+        return EXIT_USAGE
+    except Exception as error:      # one paragraph, never a traceback
+        say_error(f"the report of {folder} could not be made ({type(error).__name__}: {error})")
+        return EXIT_FAILED
+    print(f"evalbeam: report in {out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _raise(message: str):
+    raise UsageError(message)
+
+
+def _exists(path: str) -> bool:
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
+
+
+def _gates_of(folder: str):
+    from evalbeam.transforms.io import join, read_json
+
+    path = join(folder, "gates.json")
+    return read_json(path).get("results") if _exists(path) else None
+
+
+def _list_in_run_json(folder: str, info: dict, name: str) -> None:
+    """Add a file evalbeam wrote into a finished run's folder to run.json's `files`."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.io import join
+    from evalbeam.transforms.outputs import write_json_atomic
+
+    size = FileSystems.match([join(folder, name)])[0].metadata_list[0].size_in_bytes
+    files = dict(info.get("files") or {}, **{name: size})
+    write_json_atomic(dict(info, files=files), join(folder, "run.json"))
+

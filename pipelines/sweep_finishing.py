@@ -1,0 +1,168 @@
+"""A sweep's gates, baseline comparison, report and results history (pipelines/sweep.md).
+
+Gates come from the manifest's `[[gate]]` tables and `--gates FILE`; a gate without `dataset`
+applies to every cell whose task writes its metric type. They are checked after the pipeline,
+on every finished cell's metrics.jsonl (cells skipped as done included), against the same cell
+of `--baseline DIR` (an earlier sweep's folder) for change bounds: DIR/gates.json, and exit 5
+when a check fails (unless a cell failed, 3, or is incomplete, 4). DIR/comparison.jsonl has
+the rows of pipelines/comparison.py for every cell present in both sweeps, each with its
+"dataset". DIR/report.html is the sweep's page (pipelines/report.py). With
+--mlflow_tracking_uri, each cell that ran is one MLflow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from evalbeam.pipelines.common import UsageError
+
+SWEEP_OUTPUTS = ("gates.json", "comparison.jsonl", "report.html")
+CELL_ONLY = ("gates", "baseline", "report", "mlflow_tracking_uri")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--gates", default=None, metavar="FILE",
+                        help="quality gates (TOML [[gate]] tables, besides the manifest's); "
+                             "DIR/gates.json; a failed gate exits 5")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="an earlier sweep's folder: DIR/comparison.jsonl and the gates' "
+                             "change bounds, cell by cell")
+    parser.add_argument("--report", action="store_true", help="also write DIR/report.html")
+    parser.add_argument("--mlflow_tracking_uri", default=None, metavar="URI",
+                        help="log every cell that ran to MLflow (pipelines/history.md)")
+
+
+def check_cell_options(manifest) -> None:
+    """These options belong to the sweep, not to a cell's options."""
+    for cell in manifest.cells:
+        bad = sorted(k for k in cell.options if k in CELL_ONLY)
+        if bad:
+            raise UsageError(f"cell {cell.id} (manifest line {cell.line}): {', '.join(bad)} is an "
+                             "option of the sweep (a [[gate]] table, or `evalbeam sweep --gates/"
+                             "--baseline/--report/--mlflow_tracking_uri`), not of a cell")
+
+
+def prepare(manifest, plans, args) -> tuple:
+    """(gates, baseline cell folders {(dataset, model): folder} or None), after checking both
+    against the cells; raises UsageError."""
+    from evalbeam.pipelines import gates as gating
+    from evalbeam.pipelines.comparison import check_baseline
+
+    check_cell_options(manifest)
+    gates = list(gating.parse_gates(manifest.gates, manifest.path)) if manifest.gates else []
+    if args.gates:
+        offset = len(gates)
+        extra = gating.load_gates(args.gates)
+        gates += [dataclasses.replace(g, index=g.index + offset) for g in extra]
+    baseline = None
+    if args.baseline:
+        info = check_baseline(args.baseline, sweep=True)
+        baseline = {(c["dataset"], c["model"]): c["folder"] for c in info.get("cells", [])}
+    for gate in gates:
+        applies = [p for p in plans if applies_to(gate, p)]
+        if not applies:
+            types = sorted({t for p in plans for t in p.spec.plumbing().METRIC_TYPES})
+            raise UsageError(f"gate {gate.index} ({gate.describe()}) applies to no cell of the sweep: "
+                             f"no cell of dataset {gate.dataset or 'any'} and model "
+                             f"{gate.model or 'any'} writes {gate.metric!r} (types: {', '.join(types)})")
+        for plan in applies:
+            gating.check_gates([gate], metric_types=_types(plan), models=plan.models,
+                               slices=plan.slices, intervals=plan.args.uncertainty.enabled,
+                               baseline=baseline is not None,
+                               where=f"cell {plan.cell.id}")
+    if args.mlflow_tracking_uri:
+        from evalbeam.pipelines.history import check_tracking_uri
+
+        check_tracking_uri(args.mlflow_tracking_uri)
+    return gates, baseline
+
+
+def _types(plan) -> set:
+    return set(plan.spec.plumbing().METRIC_TYPES) | ({"Comparison"} if plan.args.compare_to else set())
+
+
+def applies_to(gate, plan) -> bool:
+    return (gate.dataset in (None, plan.cell.dataset) and gate.model in (None, plan.cell.model)
+            and gate.metric in _types(plan))
+
+
+def finish(plans, output: str, gates, baseline, args, code: int, info: dict, quiet: bool) -> int:
+    """Gates, comparison and report of a finished sweep; returns the exit code and updates
+    info (sweep.json) with "gates", "comparison" and "files"."""
+    from evalbeam.pipelines import comparison as comparing, gates as gating
+    from evalbeam.pipelines.common import EXIT_GATES, EXIT_OK, EXIT_REJECTED
+    from evalbeam.transforms.io import join
+    from evalbeam.transforms.outputs import write_json_atomic
+
+    from evalbeam.pipelines.sweep import ENDED, _read_or_none, _write_text   # noqa: cycle-free at call time
+
+    checks, rows = [], []
+    usable = ENDED + ("incomplete",)
+    for plan, entry in zip(plans, info["cells"]):
+        if entry["status"] not in usable:
+            continue
+        metrics = join(plan.folder.folder, "metrics.jsonl")
+        records = _read_or_none(metrics, comparing.read_records) or []
+        old = None
+        if baseline is not None:
+            folder = baseline.get((plan.cell.dataset, plan.cell.model))
+            old = _read_or_none(join(folder, "metrics.jsonl"), comparing.read_records) if folder else None
+            if old is not None:
+                rows += [dict(r, dataset=plan.cell.dataset) for r in comparing.compare(records, old)]
+        mine = [g for g in gates if applies_to(g, plan)]
+        if mine:
+            checks += gating.evaluate(mine, records, old if old is not None else [],
+                                      dataset=plan.cell.dataset)
+    files = {}
+    if baseline is not None:
+        _write_text(join(output, "comparison.jsonl"),
+                    "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        info["comparison"] = dict(comparing.comparison_summary(rows), baseline=args.baseline,
+                                  file="comparison.jsonl")
+        files["comparison.jsonl"] = True
+    if gates:
+        write_json_atomic(gating.gates_document(checks, _gate_source(args), args.baseline),
+                          join(output, "gates.json"))
+        info["gates"] = dict(gating.summarize(checks), file="gates.json")
+        files["gates.json"] = True
+        if not info["gates"]["passed"] and code in (EXIT_OK, EXIT_REJECTED):
+            code = EXIT_GATES
+        if not quiet or not info["gates"]["passed"]:
+            for line in gating.failed_lines(checks):
+                print(f"evalbeam: gate {line}", file=sys.stderr)
+            verdict = "passed" if info["gates"]["passed"] else \
+                f"FAILED ({info['gates']['failed']} of {info['gates']['checks']} checks)"
+            print(f"evalbeam: gates {verdict}; every check in {join(output, 'gates.json')}",
+                  file=sys.stderr)
+    if args.report:
+        from evalbeam.pipelines.report import write_sweep_report
+
+        write_sweep_report(output, join(output, "report.html"), info=dict(info, exit_code=code),
+                           checks=checks if gates else None, baseline=args.baseline)
+        files["report.html"] = True
+        if not quiet:
+            print(f"evalbeam: report in {join(output, 'report.html')}", file=sys.stderr)
+    info["files"] = sorted(files)
+    info["exit_code"] = code
+    return code
+
+
+def _gate_source(args) -> str:
+    return args.gates or "the manifest's [[gate]] tables"
+
+
+def log_cells(plans, info: dict, uri: str, output: str, quiet: bool, code: int) -> int:
+    """One MLflow run per cell that ran this time and ended (skipped cells were logged when
+    they ran)."""
+    from evalbeam.pipelines.launcher import log_history
+
+    for plan, entry in zip(plans, info["cells"]):
+        if plan.runs and entry["status"] in ("complete", "complete_with_rejections", "incomplete"):
+            code = log_history(uri, plan.folder.folder, code, quiet=True,
+                               run_name=plan.cell.id,
+                               tags={"dataset": plan.cell.dataset, "sweep": output})
+    if not quiet:
+        print(f"evalbeam: cells logged to MLflow at {uri}", file=sys.stderr)
+    return code
