@@ -43,6 +43,9 @@ LOWER_IS_BETTER = {"ECE", "MCE", "BrierScore", "Hallucination", "Bias", "Toxicit
 LOWER_IS_BETTER_FIELDS = {"fail", "retrieval_failure", "generation_failure", "parse_failure",
                           "longest_repeated_substring", "compression_ratio"}
 UNDIRECTED = {"Queries", "Counts", "SummaryCoherence"}
+# records whose value is a curve or a matrix: nothing a bound can apply to
+NOT_NUMBERS = {"PrecisionRecallCurve", "DetailedPrecisionRecallCurve", "ConfusionMatrix",
+               "ReliabilityDiagram", "InterpolatedPrecisionRecallCurve"}
 
 
 def direction(metric: str, field: str | None) -> str:
@@ -192,6 +195,9 @@ def check_gates(gates: list[Gate], *, metric_types, models, slices, intervals: b
         if gate.metric not in metric_types:
             raise UsageError(f"{at}: this task writes no {gate.metric!r} records; its metric types "
                              f"are {', '.join(sorted(metric_types))}")
+        if gate.metric in NOT_NUMBERS:
+            raise UsageError(f"{at}: {gate.metric} records are curves or matrices; a gate bounds a "
+                             "number (a metric, or a `field` of one)")
         if gate.model is not None and gate.model not in models:
             raise UsageError(f"{at}: no model {gate.model!r} in this run (models: "
                              f"{', '.join(sorted(models))})")
@@ -260,7 +266,9 @@ def scalar_of(record: dict, field: str | None):
         value = value[field]
         interval = interval.get(field) if isinstance(interval, dict) else None
     elif isinstance(value, dict):
-        numeric = sorted(k for k, v in value.items() if isinstance(v, (int, float)))
+        numeric = sorted(k for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        if not numeric:
+            return None, f"{record['type']}'s value is not a number"
         return None, f"{record['type']} has several values; name one with `field` ({', '.join(numeric)})"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"{record['type']}'s value is not a number"

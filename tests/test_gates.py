@@ -1,0 +1,310 @@
+"""Gates and the comparison with a baseline: the verdicts on hand-built records, the checks made
+before a run (exit 2), and whole runs: exit 5 after every output is written, gates.json and
+comparison.jsonl contents, run.json's sections, on both DirectRunner modes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from evalbeam.pipelines import comparison, gates as gating
+from evalbeam.pipelines.common import UsageError
+from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification
+
+INPUTS = ROOT / "tests" / "golden" / "inputs" / "classification"
+
+
+def rec(type_, value, model="m", slice_=None, interval=None, **params):
+    r = {"type": type_, "value": value, "parameters": params, "model": model, "slice": slice_ or {}}
+    if interval is not None:
+        r["interval"] = {"low": interval[0], "high": interval[1], "confidence": 0.95}
+    return r
+
+
+def gate(**table):
+    return gating.parse_gates([table], "test.toml")[0]
+
+
+# ---- parsing and the checks before a run ---------------------------------------------------------
+
+@pytest.mark.parametrize("table, words", [
+    ({"min": 0.5}, "`metric`"),
+    ({"metric": "Accuracy"}, "no bound"),
+    ({"metric": "Accuracy", "min": 0.9, "max": 0.1}, "above max"),
+    ({"metric": "Accuracy", "min": "high"}, "finite number"),
+    ({"metric": "Accuracy", "min": float("nan")}, "finite number"),
+    ({"metric": "Accuracy", "max_drop": -0.1}, ">= 0"),
+    ({"metric": "Accuracy", "min": 0.1, "colour": "red"}, "unknown key"),
+    ({"metric": "Accuracy", "min": 0.1, "require": "always"}, "require"),
+    ({"metric": "Accuracy", "min": 0.1, "slice": {"a": "x"}, "every_slice": "a"}, "not both"),
+    ({"metric": "ECE", "max_drop": 0.01}, "did you mean `max_rise`"),
+    ({"metric": "Accuracy", "max_rise": 0.01}, "did you mean `max_drop`"),
+    ({"metric": "PIILeakage", "field": "fail", "max_drop": 0.01}, "better when lower"),
+])
+def test_malformed_gates_are_refused_with_the_reason(table, words):
+    with pytest.raises(UsageError, match=None) as error:
+        gating.parse_gates([table], "g.toml")
+    assert words in str(error.value) and "g.toml: gate 1" in str(error.value)
+
+
+def test_gates_that_could_check_nothing_are_refused_before_the_run():
+    common = dict(metric_types={"Accuracy", "F1", "ConfusionMatrix"}, models={"a", "b"}, slices=[("region",)],
+                  intervals=False, baseline=False)
+    for table, words in [({"metric": "mAP", "min": 0.1}, "writes no 'mAP'"),
+                         ({"metric": "Accuracy", "model": "c", "min": 0.1}, "no model 'c'"),
+                         ({"metric": "ConfusionMatrix", "min": 0.1}, "curves or matrices"),
+                         ({"metric": "Accuracy", "every_slice": "site", "min": 0.1}, "no --slice site"),
+                         ({"metric": "Accuracy", "slice": {"site": "x"}, "min": 0.1}, "no --slice site"),
+                         ({"metric": "Accuracy", "min": 0.1, "require": "interval"}, "--bootstrap"),
+                         ({"metric": "Accuracy", "max_drop": 0.1}, "--baseline")]:
+        with pytest.raises(UsageError) as error:
+            gating.check_gates([gate(**table)], **common)
+        assert words in str(error.value), (table, str(error.value))
+    gating.check_gates([gate(metric="Accuracy", every_slice="region", min=0.1)], **common)
+
+
+def test_a_gate_file_that_is_missing_or_not_toml_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        gating.load_gates(str(tmp_path / "none.toml"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[gate]\nmetric=")
+    with pytest.raises(UsageError, match="not a readable TOML"):
+        gating.load_gates(str(bad))
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[other]\nx = 1\n")
+    with pytest.raises(UsageError, match="unknown table"):
+        gating.load_gates(str(empty))
+
+
+# ---- verdicts ----------------------------------------------------------------------------------
+
+def test_value_bounds_and_selection():
+    records = [rec("Accuracy", 0.91, "a", label_key="class", score_threshold=0.5),
+               rec("Accuracy", 0.89, "b", label_key="class", score_threshold=0.5),
+               rec("Accuracy", 0.70, "a", {"region": "eu"}, label_key="class", score_threshold=0.5),
+               rec("Accuracy", 0.95, "a", {"region": "us"}, label_key="class", score_threshold=0.5),
+               rec("Accuracy", 0.99, "a", {"region": "us", "site": "x"}, label_key="class", score_threshold=0.5)]
+    checks = gating.evaluate([gate(metric="Accuracy", min=0.9)], records)
+    assert [(c["model"], c["verdict"]) for c in checks] == [("a", "pass"), ("b", "fail")]
+    assert "0.89 is below min 0.9" in checks[1]["reason"]
+    every = gating.evaluate([gate(metric="Accuracy", model="a", every_slice="region", min=0.8)], records)
+    assert [(c["slice"], c["verdict"]) for c in every] == [({"region": "eu"}, "fail"), ({"region": "us"}, "pass")]
+    one = gating.evaluate([gate(metric="Accuracy", slice={"region": "us"}, max=0.9)], records)
+    assert [c["verdict"] for c in one] == ["fail"]
+    narrowed = gating.evaluate([gate(metric="Accuracy", parameters={"score_threshold": 0.7}, min=0.1)], records)
+    assert [c["verdict"] for c in narrowed] == ["missing"]
+    assert gating.summarize(narrowed) == {"passed": False, "checks": 1, "failed": 1, "verdicts": {"missing": 1}}
+
+
+def test_labels_fields_and_non_scalar_records():
+    records = [rec("F1", 0.8, label={"key": "class", "value": "cat"}, score_threshold=0.5),
+               rec("F1", 0.3, label={"key": "class", "value": "dog"}, score_threshold=0.5),
+               rec("AP", 0.6, label="car", iou_threshold=0.5),
+               rec("ROUGE", {"precision": 0.5, "recall": 0.4, "fmeasure": 0.45}, rouge_type="rougeL"),
+               rec("ConfusionMatrix", {"confusion_matrix": {}})]
+    assert [c["verdict"] for c in gating.evaluate([gate(metric="F1", label="cat", min=0.5)], records)] == ["pass"]
+    assert [c["verdict"] for c in gating.evaluate([gate(metric="AP", label="car", min=0.7)], records)] == ["fail"]
+    rouge = gating.evaluate([gate(metric="ROUGE", field="fmeasure", min=0.4)], records)
+    assert [(c["value"], c["verdict"]) for c in rouge] == [(0.45, "pass")]
+    whole = gating.evaluate([gate(metric="ROUGE", min=0.4)], records)
+    assert whole[0]["verdict"] == "fail" and "name one with `field`" in whole[0]["reason"]
+    matrix = gating.evaluate([gate(metric="ConfusionMatrix", min=0.4)], records)
+    assert matrix[0]["verdict"] == "fail" and "not a number" in matrix[0]["reason"]
+
+
+def test_interval_required_bounds_need_the_whole_interval():
+    records = [rec("Accuracy", 0.92, interval=(0.88, 0.95))]
+    assert gating.evaluate([gate(metric="Accuracy", min=0.9)], records)[0]["verdict"] == "pass"
+    check = gating.evaluate([gate(metric="Accuracy", min=0.9, require="interval")], records)[0]
+    assert check["verdict"] == "fail" and "the interval 0.88 is below min 0.9" in check["reason"]
+    assert gating.evaluate([gate(metric="Accuracy", min=0.85, require="interval")], records)[0]["verdict"] == "pass"
+    assert gating.evaluate([gate(metric="Accuracy", max=0.95, require="interval")], records)[0]["verdict"] == "pass"
+    assert gating.evaluate([gate(metric="Accuracy", max=0.94, require="interval")], records)[0]["verdict"] == "fail"
+    bare = gating.evaluate([gate(metric="Accuracy", min=0.5, require="interval")], [rec("Accuracy", 0.9)])[0]
+    assert bare["verdict"] == "fail" and "no interval" in bare["reason"]
+
+
+def test_change_bounds_against_a_baseline():
+    base = [rec("Accuracy", 0.90), rec("ECE", 0.10), rec("MCE", 0.0)]
+    new = [rec("Accuracy", 0.885, interval=(0.86, 0.91)), rec("ECE", 0.13), rec("MCE", 0.01)]
+    drop = gating.evaluate([gate(metric="Accuracy", max_drop=0.015 + 1e-9)], new, base)[0]
+    assert drop["verdict"] == "pass" and drop["baseline_value"] == 0.90
+    assert drop["change"] == pytest.approx(-0.015)
+    assert gating.evaluate([gate(metric="Accuracy", max_drop=0.014)], new, base)[0]["verdict"] == "fail"
+    assert gating.evaluate([gate(metric="Accuracy", max_drop=0.01)], new, base)[0]["verdict"] == "fail"
+    # with the interval, the worst end of the interval must stay within the bound
+    assert gating.evaluate([gate(metric="Accuracy", max_drop=0.02, require="interval")], new, base)[0]["verdict"] == "fail"
+    assert gating.evaluate([gate(metric="Accuracy", max_drop=0.05, require="interval")], new, base)[0]["verdict"] == "pass"
+    assert gating.evaluate([gate(metric="Accuracy", max_relative_drop=0.02)], new, base)[0]["verdict"] == "pass"
+    assert gating.evaluate([gate(metric="Accuracy", max_relative_drop=0.01)], new, base)[0]["verdict"] == "fail"
+    assert gating.evaluate([gate(metric="ECE", max_rise=0.02)], new, base)[0]["verdict"] == "fail"
+    assert gating.evaluate([gate(metric="ECE", max_relative_rise=0.5)], new, base)[0]["verdict"] == "pass"
+    # a relative change from 0 is infinitely large
+    assert gating.evaluate([gate(metric="MCE", max_relative_rise=10.0)], new, base)[0]["verdict"] == "fail"
+    missing = gating.evaluate([gate(metric="Accuracy", max_drop=0.1)], new, [])[0]
+    assert missing["verdict"] == "missing_baseline"
+
+
+def test_comparison_rows_against_a_hand_built_pair():
+    old = [rec("Accuracy", 0.8, "a"), rec("ROUGE", {"precision": 0.5, "fmeasure": 0.4}, "a"),
+           rec("Counts", {"tp": 3, "fp": 1}, "a"), rec("Curve", {"x": [1, 2]}, "a"),
+           rec("Gone", 0.2, "a"), rec("Zero", 0.0, "a")]
+    new = [rec("Accuracy", 0.9, "a"), rec("ROUGE", {"precision": 0.6, "fmeasure": 0.4}, "a"),
+           rec("Counts", {"tp": 2, "fp": 1}, "a"), rec("Curve", {"x": [1, 3]}, "a"),
+           rec("New", 0.5, "a"), rec("Zero", 0.5, "a"),
+           {"type": "Comparison", "value": 0.1, "parameters": {}, "model": "b", "slice": {}}]
+    rows = comparison.compare(new, old)
+    by = {(r["type"], r["status"]): r for r in rows}
+    assert by[("Accuracy", "both")]["change"] == pytest.approx(0.1)
+    assert by[("Accuracy", "both")]["relative_change"] == pytest.approx(0.125)
+    assert by[("ROUGE", "both")]["change"] == {"fmeasure": 0.0, "precision": pytest.approx(0.1)}
+    assert by[("Counts", "both")]["change"] == {"fp": 0, "tp": -1}
+    assert by[("Curve", "both")]["change"] is None and by[("Curve", "both")]["equal"] is False
+    assert by[("Zero", "both")]["relative_change"] is None
+    assert by[("New", "only_in_run")]["value"] == 0.5
+    assert by[("Gone", "only_in_baseline")]["baseline_value"] == 0.2
+    assert not any(r["type"] == "Comparison" for r in rows)
+    assert [r["type"] for r in rows] == ["Accuracy", "ROUGE", "Counts", "Curve", "New", "Zero", "Gone"]
+    summary = comparison.comparison_summary(rows)
+    assert summary == {"both": 5, "only_in_run": 1, "only_in_baseline": 1, "changed": 5}
+
+
+# ---- whole runs -----------------------------------------------------------------------------------
+
+def classification_args(out, a="model_a.jsonl", b="model_b.jsonl", extra=()):
+    return ["--groundtruths", INPUTS / "groundtruths.jsonl", "--predictions", f"model_a={INPUTS / a}",
+            "--predictions", f"model_b={INPUTS / b}", "--slice", "region", "--output", out,
+            "--max_rejected_fraction", "0.1", "--bootstrap", "20", "--quiet", *extra]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gates") / "base"
+    assert run_classification(classification_args(out)) == 0
+    return out
+
+
+GATES = """
+[[gate]]
+name = "model_a accuracy"
+metric = "Accuracy"
+model = "model_a"
+min = 0.80
+
+[[gate]]
+metric = "Accuracy"
+every_slice = "region"
+max_drop = 0.01
+require = "interval"
+
+[[gate]]
+metric = "F1"
+label = "cat"
+parameters = {score_threshold = 0.0}
+min = 0.5
+"""
+
+
+def test_a_failed_gate_exits_5_after_every_output_is_written(tmp_path, baseline, capsys):
+    gates = tmp_path / "gates.toml"
+    gates.write_text(GATES)
+    out = tmp_path / "new"
+    # the models swapped: model_a's accuracy falls from 0.8875 to 0.73
+    code = run_classification(classification_args(out, "model_b.jsonl", "model_a.jsonl",
+                                                  ["--gates", gates, "--baseline", baseline]))
+    assert code == 5
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "complete"
+    assert info["gates"] == {"passed": False, "checks": 11, "failed": 5,
+                             "verdicts": {"fail": 5, "pass": 6}, "file": "gates.json"}
+    assert set(info["files"]) == {"metrics.jsonl", "rejected.jsonl", "comparison.jsonl", "gates.json"}
+    document = json.loads((out / "gates.json").read_text())
+    assert document["passed"] is False and document["baseline"] == str(baseline)
+    first = document["results"][0]
+    assert (first["name"], first["model"], first["value"], first["verdict"]) == \
+        ("model_a accuracy", "model_a", 0.73, "fail")
+    drops = [c for c in document["results"] if c["gate"] == 2]
+    assert len(drops) == 8 and {c["verdict"] for c in drops if c["model"] == "model_a"} == {"fail"}
+    for c in drops:
+        assert c["interval"] is not None and c["change"] == pytest.approx(c["value"] - c["baseline_value"])
+    new_records = {gating.record_key(r): r for r in read_jsonl(out / "metrics.jsonl")}
+    old_records = {gating.record_key(r): r for r in read_jsonl(baseline / "metrics.jsonl")}
+    for c in drops:
+        key = gating.record_key({"type": "Accuracy", "parameters": c["parameters"], "model": c["model"],
+                                 "slice": c["slice"]})
+        assert c["value"] == new_records[key]["value"] and c["baseline_value"] == old_records[key]["value"]
+    rows = read_jsonl(out / "comparison.jsonl")
+    assert {r["status"] for r in rows} == {"both"} and len(rows) == len(new_records) - sum(
+        1 for r in new_records.values() if r["type"] == "Comparison")
+    acc = next(r for r in rows if r["type"] == "Accuracy" and r["model"] == "model_a" and not r["slice"])
+    assert (acc["baseline_value"], acc["value"]) == (0.8875, 0.73)
+    assert acc["change"] == pytest.approx(0.73 - 0.8875)
+    assert info["comparison"]["both"] == len(rows)
+    err = capsys.readouterr().err
+    assert "gate FAIL Accuracy" in err and "gates FAILED (5 of 11 checks)" in err
+
+
+def test_passing_gates_exit_0(tmp_path, baseline):
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmax_drop = 0.0\n[[gate]]\nmetric = "mROCAUC"\nmin = 0.9\n')
+    out = tmp_path / "same"
+    assert run_classification(classification_args(out, extra=["--gates", gates, "--baseline", baseline])) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["gates"]["passed"] and info["gates"]["checks"] == 4   # 2 gates x 2 models, whole dataset
+    assert info["comparison"]["changed"] == 0
+
+
+@pytest.mark.parametrize("table, words", [
+    ('metric = "mAP"\nmin = 0.5', "writes no 'mAP'"),
+    ('metric = "Accuracy"\nevery_slice = "site"\nmin = 0.5', "no --slice site"),
+    ('metric = "Accuracy"\nmodel = "model_c"\nmin = 0.5', "no model 'model_c'"),
+    ('metric = "Accuracy"\nmax_drop = 0.5', "needs --baseline"),
+])
+def test_a_gate_naming_what_does_not_exist_exits_2_before_the_run(tmp_path, table, words, capsys):
+    gates = tmp_path / "gates.toml"
+    gates.write_text(f"[[gate]]\n{table}\n")
+    out = tmp_path / "out"
+    assert run_classification(classification_args(out, extra=["--gates", gates])) == 2
+    assert words in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_unusable_baseline_exits_2_before_the_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    (tmp_path / "empty").mkdir()
+    assert run_classification(classification_args(out, extra=["--baseline", tmp_path / "empty"])) == 2
+    assert "no run.json of evalbeam's" in capsys.readouterr().err
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "run.json").write_text(json.dumps({"written_by": "evalbeam", "status": "failed", "task": "classification"}))
+    assert run_classification(classification_args(out, extra=["--baseline", failed])) == 2
+    assert "did not finish" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"written_by": "evalbeam", "status": "complete", "task": "text"}))
+    assert run_classification(classification_args(out, extra=["--baseline", other])) == 2
+    assert "is a run of 'text'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.multiprocess
+def test_gates_comparison_and_report_on_the_multi_process_runner(tmp_path, baseline):
+    """The publishing step that writes them runs in a worker process: the same bytes."""
+    gates = tmp_path / "gates.toml"
+    gates.write_text(GATES)
+    outs = []
+    for name, extra in (("one", []), ("multi", MULTIPROCESS)):
+        out = tmp_path / name
+        code = run_classification(classification_args(
+            out, "model_b.jsonl", "model_a.jsonl",
+            ["--gates", gates, "--baseline", baseline, "--report", *extra]))
+        assert code == 5
+        outs.append(out)
+    for name in ("gates.json", "comparison.jsonl", "metrics.jsonl"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    for out in outs:
+        html = (out / "report.html").read_text()
+        assert "FAILED: 5 of 11 checks" in html and "Against the baseline" in html
+        assert json.loads((out / "run.json").read_text())["files"]["report.html"] == os.path.getsize(out / "report.html")
