@@ -133,7 +133,12 @@ class Charts:
             return None
         chart_id = f"chart-{len(self.specs)}"
         self.specs.append((chart_id, script_json(spec)))
-        return {"kind": "chart", "id": chart_id}
+        title = spec.get("title", "")
+        if isinstance(title, dict):
+            title = title.get("text", "")
+        if isinstance(title, list):
+            title = " ".join(map(str, title))
+        return {"kind": "chart", "id": chart_id, "title": str(title)}
 
 
 def script_json(value) -> str:
