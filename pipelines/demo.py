@@ -2,7 +2,8 @@
 
 Two models ("model_a", stronger, and "model_b") score 5 animal classes on 5,000 datums that carry
 a metadata field "region" (four values that make datums easier or harder); 1% of datums have no
-prediction from a model. The job then runs with --slice region, exactly as a user would run it.
+prediction from a model. The job then runs with --slice region and --report, exactly as a user
+would run it; output/report.html is the page to open.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run(argv: list[str] | None = None) -> int:
     command = ["--groundtruths", paths["groundtruths"],
                *[f"--predictions={name}={path}" for name, path in paths.items() if name != "groundtruths"],
                "--output", os.path.join(args.folder, "output"), "--slice", "region",
-               "--score_thresholds", "0.0,0.5", *beam_args]
+               "--score_thresholds", "0.0,0.5", "--report", *beam_args]
     print("evalbeam demo: running  evalbeam classification " + " ".join(command) + "\n",
           file=sys.stderr)
     return classify(command)
