@@ -589,7 +589,7 @@ def label_findings(source_labels: list, models: list) -> list[dict]:
 RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOverIOUs",
                 "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
                 "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
-                "DetailedPrecisionRecallCurve", "ConfusionMatrix")
+                "InterpolatedPrecisionRecallCurve", "DetailedPrecisionRecallCurve", "ConfusionMatrix")
 
 
 def record_sort_key(record: dict):

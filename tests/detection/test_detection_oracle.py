@@ -636,6 +636,9 @@ def _check_cli_metrics(records: list[dict], dataset: dict, models: dict, iou_typ
     groups = [({}, None)]
     if sliced:
         groups += [({"split": s}, ids) for s, ids in sorted(_slice_images(dataset).items())]
+    curves = [r for r in records if r["type"] == "InterpolatedPrecisionRecallCurve"]
+    assert len(curves) == len(models) * len(groups) * len(cat) * 10   # tests/detection/test_detection_pr_curve.py
+    records = [r for r in records if r["type"] != "InterpolatedPrecisionRecallCurve"]
     assert len(records) == len(models) * len(groups) * (1 + len(cat))
     for model, results in models.items():
         for slice_value, image_ids in groups:

@@ -134,8 +134,8 @@ def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
     kinds = {r["type"] for r in records}
     assert kinds == {"AP", "mAP", "APAveragedOverIOUs", "mAPAveragedOverIOUs", "AR", "mAR",
                      "ARAveragedOverScores", "mARAveragedOverScores", "Counts", "Precision",
-                     "Recall", "F1", "PrecisionRecallCurve", "DetailedPrecisionRecallCurve",
-                     "ConfusionMatrix"}
+                     "Recall", "F1", "PrecisionRecallCurve", "InterpolatedPrecisionRecallCurve",
+                     "DetailedPrecisionRecallCurve", "ConfusionMatrix"}
     # Counts at score threshold 0 and IoU 0.5: tp is pycocotools' final recall times the gts
     counts = {(r["parameters"]["iou_threshold"], r["parameters"]["score_threshold"],
                r["parameters"]["label"]): r["value"] for r in records if r["type"] == "Counts"}

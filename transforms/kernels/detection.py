@@ -317,13 +317,23 @@ def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarra
 
 def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
                recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
-               max_dets: tuple[int, ...] = MAX_DETS) -> tuple[np.ndarray, np.ndarray]:
+               max_dets: tuple[int, ...] = MAX_DETS, with_scores: bool = False):
     """precision float64[T, R, K, A, M] and recall float64[T, K, A, M], -1 where undefined,
     with pycocotools' accumulate() arithmetic (the same float operations, all area ranges of a
-    category at once). A max_dets entry of None keeps every detection."""
+    category at once). A max_dets entry of None keeps every detection.
+
+    with_scores=True also returns, third, pycocotools' scores float64[T, R, K, A, M]: at each
+    recall threshold the score of the detection the interpolated precision is read at
+    (pycocotools' `ss[ri] = dtScoresSorted[pi]`, pi = np.searchsorted(rc, recThrs, "left") on
+    the recall after each detection in score order). For a threshold > 0 that detection is the
+    first true positive whose recall reaches it; for a threshold <= 0 it is the first detection
+    (the highest score), whatever it is. 0 where the curve does not reach the threshold (or the
+    category has ground truth but no detection), -1 where precision is -1."""
     T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, state.tp.shape[1], len(max_dets)
     precision = -np.ones((T, R, K, A, M))
     recall = -np.ones((T, K, A, M))
+    scores = -np.ones((T, R, K, A, M)) if with_scores else None
+    at_first = recall_thresholds <= 0          # read at the first detection (pycocotools' pi = 0)
     order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
     category = state.category[order]
     bounds = np.searchsorted(category, np.arange(K + 1))
@@ -339,6 +349,8 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
             if not nd:
                 recall[:, k, areas, m] = 0
                 precision[:, :, k, areas, m] = 0
+                if with_scores:
+                    scores[:, :, k, areas, m] = 0
                 continue
             # Precision only matters where a true positive lands: recall steps there, the
             # envelope (running maximum from the right) peaks there, and every recall threshold
@@ -348,13 +360,24 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
             fp_cum = np.cumsum(_unbits(state.fp[kept][:, areas], T), axis=0, dtype=np.int64)
             n_tp = is_tp.sum(axis=0)
             recall[:, k, areas, m] = (n_tp.astype(float) / npig[0]).T
-            precision[:, :, k, areas, m] = _interpolated_precision(
-                is_tp, fp_cum, npig[0, :, 0], recall_thresholds).transpose(1, 2, 0)
+            if not with_scores:
+                precision[:, :, k, areas, m] = _interpolated_precision(
+                    is_tp, fp_cum, npig[0, :, 0], recall_thresholds).transpose(1, 2, 0)
+                continue
+            values, read = _interpolated_precision(is_tp, fp_cum, npig[0, :, 0], recall_thresholds,
+                                                   with_index=True)
+            precision[:, :, k, areas, m] = values.transpose(1, 2, 0)
+            sorted_scores = state.score[kept]
+            at = np.where(read >= 0, sorted_scores[np.maximum(read, 0)], 0.0)     # [a, T, R]
+            at[:, :, at_first] = sorted_scores[0]
+            scores[:, :, k, areas, m] = at.transpose(1, 2, 0)
+    if with_scores:
+        return precision, recall, scores
     return precision, recall
 
 
 def _interpolated_precision(is_tp: np.ndarray, fp_cum: np.ndarray, npig: np.ndarray,
-                            recall_thresholds: np.ndarray) -> np.ndarray:
+                            recall_thresholds: np.ndarray, with_index: bool = False):
     """Precision at the recall thresholds, float64[a, T, R], for each (area range, IoU threshold)
     sequence of one category: is_tp bool[nd, a, T], fp_cum int64[nd, a, T] (false positives so
     far), npig int[a].
@@ -364,13 +387,17 @@ def _interpolated_precision(is_tp: np.ndarray, fp_cum: np.ndarray, npig: np.ndar
     tp = j and recall = j / npig for every IoU threshold, so the recall lookup is one
     searchsorted per area range. Precision uses pycocotools' formula tp / (fp + tp + eps), so the
     values are its values bit for bit; the per-sequence envelope is a running maximum of exact
-    value ranks with a per-sequence offset."""
+    value ranks with a per-sequence offset.
+
+    with_index=True also returns int64[a, T, R]: the row (0 .. nd - 1) of the true positive each
+    value is read at, -1 where the recall threshold is not reached (the value is 0 there)."""
     nd, a_n, T = is_tp.shape
     R = recall_thresholds.size
     out = np.zeros((a_n, T, R))
+    index = np.full((a_n, T, R), -1, dtype=np.int64) if with_index else None
     a_idx, t_idx, pos = np.nonzero(is_tp.transpose(1, 2, 0))          # sequence-major order
     if not pos.size:
-        return out
+        return (out, index) if with_index else out
     seq = a_idx * T + t_idx
     counts = np.bincount(seq, minlength=a_n * T)
     starts = np.r_[0, np.cumsum(counts)[:-1]]
@@ -389,8 +416,11 @@ def _interpolated_precision(is_tp: np.ndarray, fp_cum: np.ndarray, npig: np.ndar
         n = counts[a * T:(a + 1) * T]                                          # [T]
         valid = inds[None, :] < n[:, None]                                     # [T, R]
         t_of, r_of = np.nonzero(valid)
-        out[a, t_of, r_of] = envelope[starts[a * T + t_of] + inds[r_of]]
-    return out
+        point = starts[a * T + t_of] + inds[r_of]
+        out[a, t_of, r_of] = envelope[point]
+        if with_index:
+            index[a, t_of, r_of] = pos[point]
+    return (out, index) if with_index else out
 
 
 def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray = IOU_THRESHOLDS,
@@ -764,11 +794,17 @@ def valor_metrics(state: CocoState, thresholds: np.ndarray, score_thresholds: np
                   recall_thresholds: np.ndarray = RECALL_THRESHOLDS) -> dict:
     """Valor's detection metrics from a state built with one area range, no max_dets truncation
     and no crowd rule (the "valor" protocol) over the IoU `thresholds`; `use` picks the ones the
-    metrics report and average over (default all). See valor_metrics_from."""
-    precision, _ = accumulate(state, thresholds, recall_thresholds, max_dets=(None,))
+    metrics report and average over (default all). See valor_metrics_from; also "curve":
+    (precision, scores) float64[T, R, K], accumulate()'s arrays (with_scores) over all of
+    `thresholds`, the InterpolatedPrecisionRecallCurve's values (-1 for labels without ground
+    truth)."""
+    precision, _, scores = accumulate(state, thresholds, recall_thresholds, max_dets=(None,),
+                                      with_scores=True)
     present = (state.n_gt[:, 0] > 0) | (np.bincount(state.category, minlength=state.n_categories) > 0)
-    return valor_metrics_from(precision, valor_counts(state, thresholds.size, score_thresholds),
-                              state.n_gt[:, 0], present, use)
+    out = valor_metrics_from(precision, valor_counts(state, thresholds.size, score_thresholds),
+                             state.n_gt[:, 0], present, use)
+    out["curve"] = (precision[:, :, :, 0, 0], scores[:, :, :, 0, 0])
+    return out
 
 
 def valor_metrics_from(precision: np.ndarray, counts: np.ndarray, n_gt: np.ndarray,
@@ -1132,8 +1168,11 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
 
     categories: {"id": category ids, ascending, "name": their names} (the state's label k is
     the k-th). coco: COCOSummary, then one COCOClassSummary per category (twice, lower and upper
-    bound, under --score_bins); valor: Valor's records (_valor_records), the
-    DetailedPrecisionRecallCurve and the ConfusionMatrix records, for the labels present."""
+    bound, under --score_bins), then one InterpolatedPrecisionRecallCurve per IoU threshold and
+    category (not under --score_bins); valor: Valor's records (_valor_records, with an
+    InterpolatedPrecisionRecallCurve per IoU threshold and label present except under
+    --score_bins), the DetailedPrecisionRecallCurve and the ConfusionMatrix records, for the
+    labels present."""
     protocol, iou_type = config.protocol, config.iou_type
     matches = state.matches
     if protocol.name == "valor":
@@ -1153,7 +1192,7 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
     if isinstance(matches, BinnedState):
         yield from _binned_records(matches, categories, iou_type)
         return
-    precision, recall = accumulate(matches)
+    precision, recall, scores = accumulate(matches, with_scores=True)
     replicates = per_category = None
     if matches.n_gt_replicates is not None:
         replicates, per_category = summarize_replicates(*accumulate_replicates(
@@ -1170,6 +1209,24 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
         if replicates is not None:
             record[REPLICATES] = _statistic_replicates(per_category[:, k])
         yield record
+    # the curves AP integrates: area "all", the largest maxDets, every IoU threshold and category
+    # (-1 throughout for a category without ground truth, as pycocotools' arrays and its AP)
+    m = MAX_DETS.index(max(MAX_DETS))
+    for t, iou in enumerate(IOU_THRESHOLDS.tolist()):        # accumulate()'s, the protocol's
+        for k, (cid, name) in enumerate(zip(categories["id"], categories["name"])):
+            yield interpolated_curve_record(precision[t, :, k, 0, m], scores[t, :, k, 0, m], iou,
+                                            name, category_id=cid)
+
+
+def interpolated_curve_record(precisions: np.ndarray, scores: np.ndarray, iou_threshold: float,
+                              label: str, **parameters) -> dict:
+    """An InterpolatedPrecisionRecallCurve record: valor-lite's object-detection
+    PrecisionRecallCurve shape, {"precisions": [R], "scores": [R]} at the recall thresholds
+    (np.linspace(0, 1, 101)), parameters iou_threshold and label (and any extra ones). The
+    values are the float64s as computed, unrounded."""
+    return {"type": "InterpolatedPrecisionRecallCurve",
+            "value": {"precisions": precisions.tolist(), "scores": scores.tolist()},
+            "parameters": {"iou_threshold": iou_threshold, "label": label, **parameters}}
 
 
 def _statistic_replicates(values: np.ndarray) -> dict:
@@ -1219,6 +1276,7 @@ def _valor_records(state, categories, protocol: Protocol):
     else:
         m = valor_metrics(state, np.array(matched), np.array(scores), use)
         yield from _valor_metric_records(m, categories, ious, use, scores, {})
+        yield from _valor_curve_records(state, m, categories, ious, use)
         curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
         present = m["present"]
     i = matched.index(protocol.pr_curve_iou_threshold)
@@ -1228,6 +1286,27 @@ def _valor_records(state, categories, protocol: Protocol):
              for k, name in labels}
     yield {"type": "PrecisionRecallCurve", "value": curve,
            "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}}
+
+
+def _valor_curve_records(state: CocoState, m: dict, categories, ious, use):
+    """The InterpolatedPrecisionRecallCurve of every metric IoU threshold and label present: the
+    precision AP averages and pycocotools' scores (accumulate(with_scores=True)). A label with
+    predictions but no ground truth (AP 0) gets precision 0 everywhere and, as pycocotools
+    gives a category whose recall stays 0 (and valor-lite gives such a label), its highest
+    score at recall 0 and 0 elsewhere."""
+    precision, scores = m["curve"]                                               # [T, R, K]
+    n_gt = state.n_gt[:, 0]
+    at_first = RECALL_THRESHOLDS <= 0
+    for t, iou in zip(use, ious):
+        for k, name in enumerate(categories["name"]):
+            if not m["present"][k]:
+                continue
+            if n_gt[k] > 0:
+                yield interpolated_curve_record(precision[t, :, k], scores[t, :, k], iou, name)
+                continue
+            highest = np.zeros(RECALL_THRESHOLDS.size)
+            highest[at_first] = state.score[state.category == k].max()
+            yield interpolated_curve_record(np.zeros(RECALL_THRESHOLDS.size), highest, iou, name)
 
 
 def _valor_metric_records(m: dict, categories, ious, use, scores, extra: dict):
