@@ -308,3 +308,71 @@ def test_gates_comparison_and_report_on_the_multi_process_runner(tmp_path, basel
         html = (out / "report.html").read_text()
         assert "FAILED: 5 of 11 checks" in html and "Against the baseline" in html
         assert json.loads((out / "run.json").read_text())["files"]["report.html"] == os.path.getsize(out / "report.html")
+
+
+# ---- sweeps ------------------------------------------------------------------------------------
+
+def small_sweep(tmp_path, extra_manifest=""):
+    manifest = tmp_path / "sweep.toml"
+    manifest.write_text(f"""
+[sweep]
+bootstrap = 20
+max_rejected_fraction = 0.1
+
+[[dataset]]
+name = "golden"
+task = "classification"
+groundtruths = "{INPUTS / 'groundtruths.jsonl'}"
+options = {{ slice = ["region"] }}
+
+[[model]]
+name = "a"
+predictions = "{INPUTS / 'model_a.jsonl'}"
+
+[[model]]
+name = "b"
+predictions = "{INPUTS / 'model_b.jsonl'}"
+{extra_manifest}
+""")
+    return manifest
+
+
+def test_sweep_gates_against_a_baseline_sweep(tmp_path, capsys):
+    from evalbeam.pipelines.sweep import run as sweep
+
+    first = tmp_path / "night1"
+    assert sweep([str(small_sweep(tmp_path)), "--output", str(first), "--quiet"]) == 0
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nevery_slice = "region"\nmax_drop = 0.0\n'
+                     '[[gate]]\nmetric = "Accuracy"\ndataset = "golden"\nmodel = "b"\nmin = 0.8\n')
+    second = tmp_path / "night2"
+    code = sweep([str(small_sweep(tmp_path)), "--output", str(second), "--quiet",
+                  "--gates", str(gates), "--baseline", str(first)])
+    assert code == 5                                   # b's accuracy is 0.73: below 0.8
+    info = json.loads((second / "sweep.json").read_text())
+    assert info["gates"]["checks"] == 2 * 4 + 1 and info["gates"]["failed"] == 1
+    assert info["exit_code"] == 5 and info["files"] == ["comparison.jsonl", "gates.json"]
+    checks = json.loads((second / "gates.json").read_text())["results"]
+    assert all(c["dataset"] == "golden" for c in checks)
+    assert all(c["change"] == 0 for c in checks if c["gate"] == 1)
+    rows = read_jsonl(second / "comparison.jsonl")
+    assert rows and {r["dataset"] for r in rows} == {"golden"} and {r["status"] for r in rows} == {"both"}
+    assert all(r.get("change") in (0, None) or r["change"] == {k: 0 for k in r["change"]} for r in rows)
+    assert "gate FAIL Accuracy" in capsys.readouterr().err
+
+
+def test_sweep_refuses_cell_gates_and_unknown_gate_metrics(tmp_path, capsys):
+    from evalbeam.pipelines.sweep import run as sweep
+
+    manifest = small_sweep(tmp_path, '[[gate]]\nmetric = "mAP"\nmin = 0.5\n')
+    assert sweep([str(manifest), "--output", str(tmp_path / "out")]) == 2
+    assert "applies to no cell" in capsys.readouterr().err
+    manifest = small_sweep(tmp_path, '[[gate]]\nmetric = "Accuracy"\nmax_rise = 0.5\n')
+    assert sweep([str(manifest), "--output", str(tmp_path / "out")]) == 2
+    assert "did you mean `max_drop`" in capsys.readouterr().err
+    text = small_sweep(tmp_path).read_text().replace('options = { slice = ["region"] }',
+                                                     'options = { slice = ["region"], report = true }')
+    (tmp_path / "cell.toml").write_text(text)
+    assert sweep([str(tmp_path / "cell.toml"), "--output", str(tmp_path / "out")]) == 2
+    assert "is an option of the sweep" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -430,3 +430,53 @@ print(json.dumps({{"telemetry": repr(get_telemetry_client()), "events": events,
     assert list(home.iterdir()) == [] and list(cwd.iterdir()) == []
     assert "skill" not in result.stderr                       # no hint for coding agents
     assert (tmp_path / "mlruns").is_dir()
+
+
+def test_a_run_and_a_sweep_log_through_the_command_line(tmp_path, monkeypatch):
+    """--mlflow_tracking_uri on a task and on a sweep (one MLflow run per cell that ran; a
+    rerun whose cells are all done logs nothing new)."""
+    from evalbeam.pipelines.sweep import run as sweep
+
+    inputs = Path(__file__).resolve().parent / "golden" / "inputs" / "classification"
+    uri = (tmp_path / "store").as_uri()
+    out = tmp_path / "run"
+    assert run_classification(["--groundtruths", inputs / "groundtruths.jsonl",
+                               "--predictions", f"a={inputs / 'model_a.jsonl'}", "--output", out,
+                               "--max_rejected_fraction", "0.1", "--quiet", "--report",
+                               "--mlflow_tracking_uri", uri]) == 0
+    manifest = tmp_path / "sweep.toml"
+    manifest.write_text(f"""
+[sweep]
+max_rejected_fraction = 0.1
+[[dataset]]
+name = "golden"
+task = "classification"
+groundtruths = "{inputs / 'groundtruths.jsonl'}"
+[[model]]
+name = "a"
+predictions = "{inputs / 'model_a.jsonl'}"
+[[model]]
+name = "b"
+predictions = "{inputs / 'model_b.jsonl'}"
+""")
+    for _ in range(2):
+        assert sweep([str(manifest), "--output", str(tmp_path / "sweep"), "--quiet",
+                      "--mlflow_tracking_uri", uri]) == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("evalbeam")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 3
+    by_name = {r.info.run_name: r for r in runs}
+    assert {"golden/a", "golden/b"} <= set(by_name)
+    assert by_name["golden/b"].data.tags["dataset"] == "golden"
+    accuracy = next(r for r in read_jsonl(tmp_path / "sweep" / "cells" / "golden" / "b" / "metrics.jsonl")
+                    if r["type"] == "Accuracy" and not r["slice"])
+    logged = [v for k, v in by_name["golden/b"].data.metrics.items() if k.startswith("b/Accuracy/")
+              and k.endswith("/value")]
+    assert logged == [accuracy["value"]]
+    single = next(r for r in runs if r.info.run_name not in ("golden/a", "golden/b"))
+    artifacts = {a.path for a in client.list_artifacts(single.info.run_id)}
+    assert {"report.html", "metrics.jsonl", "run.json"} <= artifacts
