@@ -590,6 +590,8 @@ RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOver
                 "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
                 "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
                 "InterpolatedPrecisionRecallCurve", "DetailedPrecisionRecallCurve", "ConfusionMatrix")
+# every record type this task can write (gates check names against it)
+METRIC_TYPES = RECORD_ORDER
 
 
 def record_sort_key(record: dict):
