@@ -157,18 +157,20 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
-def add_finishing_arguments(parser: argparse.ArgumentParser) -> None:
-    """What is made of a run's finished outputs (pipelines/finishing.py), and results history."""
+def add_finishing_arguments(parser: argparse.ArgumentParser, what: str = "run") -> None:
+    """What is made of a run's finished outputs (pipelines/finishing.py), and results history;
+    what: "run", or "sweep" (whose baseline is an earlier sweep, its cells logged one by one)."""
     parser.add_argument("--gates", default=None, metavar="FILE",
                         help="quality gates (TOML [[gate]] tables, pipelines/gates.md): gates.json "
                              "records every check; a failed gate exits 5")
     parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="an earlier run's output folder of this task: comparison.jsonl, and "
-                             "the baseline of the gates' change bounds")
+                        help=f"an earlier {what}'s output folder: comparison.jsonl, and the "
+                             "baseline of the gates' change bounds")
     parser.add_argument("--report", action="store_true",
                         help="also write report.html, one self-contained page (pipelines/report.md)")
     parser.add_argument("--mlflow_tracking_uri", default=None, metavar="URI",
-                        help="log the run to MLflow (needs evalbeam[mlflow]; pipelines/history.md)")
+                        help=f"log the {'cells that ran' if what == 'sweep' else 'run'} to MLflow "
+                             "(needs evalbeam[mlflow]; pipelines/history.md)")
 
 
 def prepare_finishing(spec: TaskSpec, args, models, slices):

@@ -115,6 +115,12 @@ def interval_text(interval) -> str:
     return f"[{fmt(interval['low'])}, {fmt(interval['high'])}]"
 
 
+def value_text(value, interval=None) -> str:
+    """A number, then its interval when it has one: "0.91 [0.88, 0.93]"."""
+    shown = interval_text(interval)
+    return fmt(value) + (f" {shown}" if shown else "")
+
+
 def clip(text, limit: int = MAX_TEXT) -> str:
     text = "" if text is None else str(text)
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit:,} more characters)"
@@ -531,8 +537,6 @@ def _label_of(r) -> str:
 
 
 def classification_blocks(records, charts: Charts) -> list:
-    from evalbeam.pipelines import report_charts
-
     blocks = []
     head = _scalar_rows(records, ("Accuracy", "mROCAUC", "ECE", "MCE", "BrierScore"),
                         lambda r: (r.get("parameters") or {}).get("label_key", ""))
@@ -553,8 +557,7 @@ def classification_blocks(records, charts: Charts) -> list:
         counts = (entry.get("Counts") or {}).get("value") or {}
         roc = per_label.get((label, None), {}).get("ROCAUC")
         rows.append([label, fmt(threshold)] + [
-            fmt(entry[t]["value"]) + (f" {interval_text(entry[t].get('interval'))}" if entry[t].get("interval") else "")
-            if t in entry else "–" for t in ("Precision", "Recall", "F1")] + [
+            value_text(entry[t]["value"], entry[t].get("interval")) if t in entry else "–" for t in ("Precision", "Recall", "F1")] + [
             fmt(roc["value"]) if roc else "–", fmt(counts.get("tp")), fmt(counts.get("fp")),
             fmt(counts.get("fn")), fmt(counts.get("tn"))])
     if rows:
@@ -566,6 +569,15 @@ def classification_blocks(records, charts: Charts) -> list:
     chart = _bars(bars, ("F1",), charts, f"F1 per label (score threshold {fmt(f1_at)})", _label_of, "F1")
     if chart:
         blocks.append(chart)
+    return [b for b in blocks + record_charts(records, charts) if b]
+
+
+def record_charts(records, charts: Charts) -> list:
+    """The charts of the records that are a chart each: score-threshold PR curves, confusion
+    matrices (with their example datums), reliability diagrams."""
+    from evalbeam.pipelines import report_charts
+
+    blocks = []
     for r in records:
         if r["type"] == "PrecisionRecallCurve":
             blocks.append(charts.add(report_charts.pr_curves(r)))
@@ -574,7 +586,7 @@ def classification_blocks(records, charts: Charts) -> list:
             blocks.append(_confusion_examples(r))
         elif r["type"] == "ReliabilityDiagram":
             blocks.append(charts.add(report_charts.reliability_diagram(r)))
-    return [b for b in blocks if b]
+    return blocks
 
 
 def _confusion_examples(record) -> dict | None:
@@ -626,8 +638,7 @@ def detection_blocks(records, charts: Charts) -> list:
         for r in aps:
             params = r.get("parameters") or {}
             column = "AP@[.5:.95]" if r["type"] == "APAveragedOverIOUs" else f"AP@{fmt(params.get('iou_threshold'))}"
-            per.setdefault(_label_of(r), {})[column] = fmt(r["value"]) + (
-                f" {interval_text(r.get('interval'))}" if r.get("interval") else "")
+            per.setdefault(_label_of(r), {})[column] = value_text(r["value"], r.get("interval"))
         columns = sorted({c for v in per.values() for c in v}, key=lambda c: (c != "AP@[.5:.95]", c))
         blocks.append(table("AP per label", ["label"] + columns,
                             [[label] + [v.get(c, "–") for c in columns] for label, v in sorted(per.items())]))
@@ -645,13 +656,7 @@ def detection_blocks(records, charts: Charts) -> list:
             curves.setdefault(canonical(params), []).append(dict(r, parameters=label_params))
     for key in sorted(curves, key=lambda k: (json.loads(k).get("iou_threshold", 0), k)):
         blocks.append(charts.add(report_charts.interpolated_pr_curves(curves[key], series="label")))
-    for r in records:
-        if r["type"] == "PrecisionRecallCurve":
-            blocks.append(charts.add(report_charts.pr_curves(r)))
-        elif r["type"] == "ConfusionMatrix":
-            blocks.append(charts.add(report_charts.confusion_heatmap(r)))
-            blocks.append(_confusion_examples(r))
-    return [b for b in blocks if b]
+    return [b for b in blocks + record_charts(records, charts) if b]
 
 
 def segmentation_blocks(records, charts: Charts) -> list:
@@ -667,16 +672,13 @@ def segmentation_blocks(records, charts: Charts) -> list:
             per.setdefault(_label_of(r), {})[r["type"]] = r
     if per:
         blocks.append(table("Per label", ["label", "IOU", "precision", "recall", "F1"],
-                            [[label] + [fmt(v[t]["value"]) + (f" {interval_text(v[t].get('interval'))}"
-                                                             if v[t].get("interval") else "")
+                            [[label] + [value_text(v[t]["value"], v[t].get("interval"))
                                         if t in v else "–" for t in ("IOU", "Precision", "Recall", "F1")]
                              for label, v in sorted(per.items())]))
         blocks.append(_bars([r for r in records if r["type"] == "IOU"], ("IOU",), charts,
                             "IOU per label", _label_of, "IOU"))
-    for r in records:
-        if r["type"] == "ConfusionMatrix":
-            blocks.append(charts.add(report_charts.confusion_heatmap(r)))
-    return [b for b in blocks if b]
+    confusion = [r for r in records if r["type"] == "ConfusionMatrix"]
+    return [b for b in blocks + [charts.add(report_charts.confusion_heatmap(r)) for r in confusion] if b]
 
 
 def text_blocks(records, charts: Charts) -> list:
@@ -736,8 +738,7 @@ def headline_view(task: str, records) -> dict | None:
                 if spec.text not in columns:
                     columns.append(spec.text)
                 key = (r.get("model"), canonical(r.get("slice") or {}))
-                cells.setdefault(key, {})[spec.text] = fmt(value) + (
-                    f" {interval_text(interval)}" if isinstance(interval, dict) and "low" in interval else "")
+                cells.setdefault(key, {})[spec.text] = value_text(value, interval)
     if not columns:
         return None
     columns = [c.text for c in specs if c.text in columns]

@@ -23,15 +23,9 @@ CELL_ONLY = ("gates", "baseline", "report", "mlflow_tracking_uri")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--gates", default=None, metavar="FILE",
-                        help="quality gates (TOML [[gate]] tables, besides the manifest's); "
-                             "DIR/gates.json; a failed gate exits 5")
-    parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="an earlier sweep's folder: DIR/comparison.jsonl and the gates' "
-                             "change bounds, cell by cell")
-    parser.add_argument("--report", action="store_true", help="also write DIR/report.html")
-    parser.add_argument("--mlflow_tracking_uri", default=None, metavar="URI",
-                        help="log every cell that ran to MLflow (pipelines/history.md)")
+    from evalbeam.pipelines.launcher import add_finishing_arguments
+
+    add_finishing_arguments(parser, "sweep")
 
 
 def check_cell_options(manifest) -> None:
