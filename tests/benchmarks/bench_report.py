@@ -4,8 +4,8 @@ renders it, for a 1,000,000-datum classification run and a 100-cell sweep.
 This is a standalone timing script, not a test. Run it from the repository root (needs Debian's
 chromium, as the browser tests do):
 
-    python tests/benchmarks/bench_report.py                    # both workloads, medians of 3
-    python tests/benchmarks/bench_report.py --n_datums 100000 --skip_sweep --repeats 1
+    python tests/benchmarks/bench_report.py                    # both workloads
+    python tests/benchmarks/bench_report.py --n_datums 100000 --skip_sweep --run_repeats 3
 
 Workloads:
 * classification: N datums x 10 classes (pipelines.synthetic, seed 0), two models ("a" skill
@@ -15,6 +15,8 @@ Workloads:
   with and without --report, each a fresh process, one after the other.
 * sweep: tests/benchmarks/bench_sweep.py's data (10 datasets x 10 models x 10,000 datums, 100
   cells), `evalbeam sweep --report`, then the page alone again with `evalbeam report DIR`.
+
+Medians over --run_repeats runs (default 1) and --browser_repeats page loads (default 3).
 
 Browser: tests/browser.py loads the page from disk in headless chromium (a fresh profile each
 time) and records the time from navigation to the load event, to the charts on the first
@@ -91,7 +93,7 @@ def classification(args) -> None:
                                     "ConfusionMatrix,DetailedPrecisionRecallCurve,ECE,ReliabilityDiagram",
                        "--output", out, "--quiet", "--overwrite"]
     without, with_report = [], []
-    for _ in range(args.repeats):
+    for _ in range(args.run_repeats):
         without.append(timed(base)[0])
         with_report.append(timed(base + ["--report"])[0])
     page = os.path.join(out, "report.html")
@@ -100,7 +102,7 @@ def classification(args) -> None:
     subprocess.run(EVALBEAM + ["report", out, "-o", os.path.join(args.workdir, "clf-page.html")],
                    check=True, stderr=subprocess.DEVNULL)
     alone = time.perf_counter() - started
-    shown = browse(page, args.repeats)
+    shown = browse(page, args.browser_repeats)
     print(f"classification, {args.n_datums:,} datums x 10 classes, 2 models, 4 regions, bootstrap 100:")
     print(f"  run without --report {statistics.median(without):6.1f} s, with {statistics.median(with_report):6.1f} s "
           f"(+{statistics.median(with_report) - statistics.median(without):.1f} s); "
@@ -124,7 +126,7 @@ def sweep(args) -> None:
     subprocess.run(EVALBEAM + ["report", out, "-o", os.path.join(args.workdir, "sweep-page.html")],
                    check=True, stderr=subprocess.DEVNULL)
     alone = time.perf_counter() - started
-    shown = browse(page, args.repeats)
+    shown = browse(page, args.browser_repeats)
     print("sweep, 10 datasets x 10 models x 10,000 datums (100 cells):")
     print(f"  sweep with --report {took:.1f} s; `evalbeam report` alone {alone:.1f} s")
     print(f"  report.html {os.path.getsize(page) / 1e6:.2f} MB (limit 5 MB); browser: load event "
@@ -135,7 +137,9 @@ def sweep(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n_datums", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--run_repeats", type=int, default=1,
+                        help="runs with and without --report (medians; a 1M-datum run takes minutes)")
+    parser.add_argument("--browser_repeats", type=int, default=3, help="page loads (medians)")
     parser.add_argument("--workdir", default="/tmp/evalbeam-bench-report")
     parser.add_argument("--skip_sweep", action="store_true")
     parser.add_argument("--skip_classification", action="store_true")
