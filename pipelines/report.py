@@ -254,23 +254,23 @@ def run_overview(files: RunFiles) -> dict:
     }
 
 
-def judge_overview(judge) -> dict | None:
-    """The judge section of run.json as flat rows (calls, statuses, tokens, cost)."""
+def judge_overview(judge) -> list | None:
+    """run.json's judge section as tables: the totals (calls, cache, statuses, tokens, cost,
+    rate) and, per metric, its requests, calls sent and cost."""
     if not isinstance(judge, dict):
         return None
-    rows = []
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k in sorted(value):
-                walk(f"{prefix}.{k}" if prefix else str(k), value[k])
-        elif isinstance(value, list):
-            rows.append([prefix, clip(json.dumps(value), 300)])
-        else:
-            rows.append([prefix, fmt(value) if not isinstance(value, str) else clip(value, 300)])
-
-    walk("", judge)
-    return table("LLM judge: calls, statuses and cost (run.json \"judge\")", ["field", "value"], rows)
+    totals = [[key, clip(json.dumps(value, sort_keys=True), 300) if isinstance(value, (dict, list))
+               else fmt(value) if not isinstance(value, str) else clip(value, 300)]
+              for key, value in sorted(judge.items()) if key != "per_metric"]
+    tables = [table("LLM judge: calls, statuses and cost (run.json \"judge\")", ["field", "value"], totals)]
+    per_metric = judge.get("per_metric")
+    if isinstance(per_metric, dict) and per_metric:
+        columns = sorted({k for v in per_metric.values() if isinstance(v, dict) for k in v})
+        tables.append(table("Per metric", ["metric"] + columns,
+                            [[metric] + [fmt(v.get(c)) if not isinstance(v.get(c), (dict, list)) else
+                                         clip(json.dumps(v.get(c), sort_keys=True), 200) for c in columns]
+                             for metric, v in sorted(per_metric.items()) if isinstance(v, dict)]))
+    return tables
 
 
 # ---- gates and comparison ----------------------------------------------------------------------
@@ -769,8 +769,11 @@ def text_distributions(files: RunFiles, charts: Charts) -> dict:
                 bucket.append(float(value))
     out = {}
     for model, metrics in values.items():
-        out[model] = [charts.add(report_charts.histogram(v, f"{metric}: per-datum scores ({len(v):,} datums)",
-                                                         metric)) for metric, v in sorted(metrics.items())]
+        out[model] = [charts.add(report_charts.histogram(
+            v, f"{metric}: per-datum scores ({len(v):,} datums)", metric,
+            # scores in [0, 1] on their whole range, so the charts of two metrics compare
+            domain=(0.0, 1.0) if v and min(v) >= 0.0 and max(v) <= 1.0 else None))
+            for metric, v in sorted(metrics.items())]
         out[model] = [b for b in out[model] if b]
     return out
 
