@@ -625,8 +625,10 @@ def detection_blocks(records, charts: Charts) -> list:
     classes = [r for r in records if r["type"] == "COCOClassSummary"]
     if classes:
         fields = ["AP", "AP50", "AP75", "AR100"]
+        # pycocotools' -1: a category with no ground truth, where AP and AR are undefined
         blocks.append(table("Per category (COCO)", ["label"] + fields,
-                            [[_label_of(r)] + [fmt((r.get("value") or {}).get(f)) for f in fields]
+                            [[_label_of(r)] + [("no ground truth" if (r.get("value") or {}).get(f) == -1
+                                                else fmt((r.get("value") or {}).get(f))) for f in fields]
                              for r in sorted(classes, key=_label_of)]))
     head = _scalar_rows(records, ("mAP", "mAPAveragedOverIOUs", "mAR", "mARAveragedOverScores"),
                         lambda r: r["type"], skip=("iou_thresholds",))
@@ -962,9 +964,10 @@ def sweep_context(folder: str, info: dict | None = None, checks=None, baseline: 
     charts = Charts()
     rows = list(RunFiles(folder, info).lines("leaderboard.jsonl"))
     cells = info.get("cells", [])
-    cell_rows = [[c.get("dataset"), c.get("model"), c.get("status"), c.get("action", c.get("ran", "")),
-                  fmt((c.get("counts") or {}).get("rows_read") if isinstance(c.get("counts"), dict) else c.get("rows_read")),
-                  fmt(c.get("rows_rejected")), c.get("path", "")]
+    cell_rows = [[c.get("dataset"), c.get("model"), c.get("status"),
+                  "ran" if c.get("ran") else f"skipped ({c.get('why', 'done')})",
+                  fmt((c.get("counts") or {}).get("rows_read")), fmt((c.get("counts") or {}).get("rows_rejected")),
+                  fmt(c.get("wall_time_seconds")), clip(c.get("error") or "; ".join(c.get("problems") or []), 300)]
                  for c in cells]
     datasets = {}
     for row in rows:
@@ -999,16 +1002,22 @@ def sweep_context(folder: str, info: dict | None = None, checks=None, baseline: 
     problems = [{"severity": "warning", "code": "leaderboard", "message": clip(p, 1000)}
                 for p in info.get("leaderboard_problems", [])]
     overview = {"task": "sweep", "status": info.get("status", "?"), "started_at": info.get("started_at", ""),
-                "wall_time": fmt(info.get("wall_time_seconds")), "runner": "", "models": [],
+                "wall_time": fmt(info.get("wall_time_seconds")), "runner": "",
+                "models": sorted({str(c.get("model")) for c in cells}),
                 "slices": [], "rows_read": "", "rows_rejected": "", "rows_evaluated": "",
-                "metrics_written": fmt(info.get("leaderboard_rows")), "problems": problems, "sources": [],
+                "metrics_written": f"{fmt(info.get('leaderboard_rows'))} leaderboard rows over "
+                                   f"{len({c.get('dataset') for c in cells})} datasets; {sum(1 for c in cells if c.get('ran'))} "
+                                   f"cells ran, {sum(1 for c in cells if not c.get('ran'))} skipped (done)",
+                "problems": problems, "sources": [],
                 "inputs": [], "options": [], "versions": ", ".join(
                     f"{k} {v}" for k, v in sorted((info.get("versions") or {}).items())),
                 "rejections": [], "judge": None}
     return {
         "kind": "sweep", "title": f"evalbeam sweep: {len(cells)} cells", "overview": overview,
-        "headline": table("Cells", ["dataset", "model", "status", "this run", "rows read",
-                                    "rows rejected", "folder"], cell_rows),
+        "headline": table("Cells", ["dataset", "model", "status", "this sweep", "rows read",
+                                    "rows rejected", "wall time (s)", "problems"], cell_rows,
+                          note="Each cell's outputs are in cells/<dataset>/<model>/; "
+                               "`evalbeam report` on that folder makes its full page."),
         "gates": gates_view(checks), "comparison": None, "flips": None, "model_comparisons": None,
         "sections": dataset_sections, "charts": charts.specs,
         "bundle": vega_bundle() if charts.specs else "", "baseline": baseline,
