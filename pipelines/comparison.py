@@ -53,7 +53,7 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
         info = None
     except Exception as error:
         raise UsageError(f"{option} {folder}: cannot read its {name} ({error}); it must be {what}") from None
-    if not isinstance(info, dict) or info.get("written_by", "evalbeam") != "evalbeam" or \
+    if not isinstance(info, dict) or info.get("written_by") != "evalbeam" or \
             ("status" not in info):
         hint = ""
         if not sweep:
@@ -70,6 +70,11 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
                          "a baseline must be a run that wrote its metrics")
     if task is not None and info.get("task") != task:
         raise UsageError(f"{option} {folder} is a run of {info.get('task')!r}, not of {task!r}")
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(_join(folder, "metrics.jsonl")):
+        raise UsageError(f"{option} {folder}: its run.json says {info['status']!r} but its "
+                         "metrics.jsonl is missing")
     return info
 
 

@@ -45,7 +45,15 @@ class Finishing:
         records = comparison.read_records(folder.temp("metrics.jsonl"))
         baseline_records, rows, checks = None, None, None
         if self.baseline:
-            baseline_records = comparison.read_records(comparison._join(self.baseline, "metrics.jsonl"))
+            try:
+                baseline_records = comparison.read_records(comparison._join(self.baseline, "metrics.jsonl"))
+            except Exception as error:    # changed since the run started: this run's metrics stand
+                baseline_records = []
+                info["problems"] = list(info.get("problems", [])) + [problem(
+                    ERROR, "baseline_unreadable", f"the baseline's metrics.jsonl ({self.baseline}) "
+                    f"could not be read at the end of the run ({type(error).__name__}: {error}); "
+                    "comparison.jsonl compares with nothing and change bounds are missing_baseline")]
+                info["status"] = INCOMPLETE
             rows = comparison.compare(records, baseline_records)
             comparison.write_rows(rows, folder.temp(COMPARISON_JSONL))
             info["comparison"] = dict(comparison.comparison_summary(rows), baseline=self.baseline,

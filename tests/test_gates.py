@@ -376,3 +376,34 @@ def test_sweep_refuses_cell_gates_and_unknown_gate_metrics(tmp_path, capsys):
     assert sweep([str(tmp_path / "cell.toml"), "--output", str(tmp_path / "out")]) == 2
     assert "is an option of the sweep" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_baseline_broken_during_the_run_keeps_the_run_s_metrics(tmp_path, baseline, monkeypatch):
+    """The baseline is read at the end of the run: if it became unreadable meanwhile, the run
+    still publishes its metrics, says why it is incomplete (exit 4), and the change bounds are
+    missing_baseline, never a pass."""
+    import shutil
+
+    from evalbeam.pipelines import comparison as comparing
+
+    broken = tmp_path / "broken"
+    shutil.copytree(baseline, broken)
+    real = comparing.read_records
+
+    def read(path):
+        if str(broken) in str(path):
+            raise ValueError("truncated line")
+        return real(path)
+
+    monkeypatch.setattr(comparing, "read_records", read)
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmax_drop = 0.1\n')
+    out = tmp_path / "out"
+    assert run_classification(classification_args(out, extra=["--gates", gates, "--baseline", broken])) == 4
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "incomplete" and "metrics.jsonl" in info["files"]
+    assert [p["code"] for p in info["problems"] if p["severity"] == "error"] == ["baseline_unreadable"]
+    checks = json.loads((out / "gates.json").read_text())["results"]
+    assert {c["verdict"] for c in checks} == {"missing_baseline"}
+    (broken / "metrics.jsonl").unlink()
+    assert run_classification(classification_args(tmp_path / "out2", extra=["--baseline", broken])) == 2
