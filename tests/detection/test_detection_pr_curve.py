@@ -28,7 +28,7 @@ from test_detection_oracle import (
     _cli, _gt_only, _quiet, _rle_str, _write, bbox_results, coco_from, first_has_bbox, make_case,
     make_detections, make_groundtruth, product_state,
 )
-from test_detection_valor import valor_state
+from test_detection_valor import switched_off_eval, valor_state
 
 from evalbeam.schemas.coco_rows import box_rows, image_rows
 from evalbeam.transforms.detection import shard_state
@@ -61,18 +61,8 @@ def pycocotools_arrays(dataset: dict, results: list[dict], iou_type: str) -> tup
 
 def switched_off_scores(dataset: dict, results: list[dict], iou_type: str):
     """switched_off_oracle's precision and pycocotools' scores of the same run."""
-    plain = copy.deepcopy(dataset)
-    for ann in plain["annotations"]:
-        ann["iscrowd"] = 0
-    with _quiet():
-        gt = coco_from(plain)
-        evaluation = COCOeval(gt, gt.loadRes(copy.deepcopy(results)), iou_type)
-        evaluation.params.maxDets = [10 ** 9]
-        evaluation.params.areaRng = [[0, 1e10]]
-        evaluation.params.areaRngLbl = ["all"]
-        evaluation.evaluate()
-        evaluation.accumulate()
-    return evaluation.eval["precision"], evaluation.eval["scores"]
+    evaluated = switched_off_eval(dataset, results, iou_type)
+    return evaluated["precision"], evaluated["scores"]
 
 
 def assert_equal(mine, theirs, what):

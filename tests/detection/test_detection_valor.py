@@ -34,6 +34,13 @@ def valor_state(dataset, results, iou_type, protocol=VALOR):
 
 def switched_off_oracle(dataset, results, iou_type):
     """pycocotools' precision/recall with every detection kept, one area range, no crowds."""
+    evaluated = switched_off_eval(dataset, results, iou_type)
+    return evaluated["precision"], evaluated["recall"]
+
+
+def switched_off_eval(dataset, results, iou_type) -> dict:
+    """pycocotools' accumulated `eval` dict (precision, recall, scores) with every detection
+    kept, one area range, no crowds."""
     plain = copy.deepcopy(dataset)
     for ann in plain["annotations"]:
         ann["iscrowd"] = 0
@@ -45,7 +52,7 @@ def switched_off_oracle(dataset, results, iou_type):
         evaluation.params.areaRngLbl = ["all"]
         evaluation.evaluate()
         evaluation.accumulate()
-    return evaluation.eval["precision"], evaluation.eval["recall"]
+    return evaluation.eval
 
 
 @pytest.mark.parametrize("seed", range(6))
