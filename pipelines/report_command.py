@@ -45,6 +45,8 @@ def run(argv: list[str]) -> int:
             info = comparison.check_baseline(folder, option="evalbeam report")
             if args.baseline:
                 comparison.check_baseline(args.baseline, info.get("task"))
+        if args.output is None:
+            _check_own(folder, info, sweep)
     except UsageError as error:
         say_error(str(error))
         return EXIT_USAGE
@@ -52,6 +54,8 @@ def run(argv: list[str]) -> int:
         if sweep:
             checks = _gates_of(folder)
             report.write_sweep_report(folder, out, checks=checks, baseline=args.baseline)
+            if args.output is None:
+                _list_in_sweep_json(folder, info, "report.html")
         else:
             report.write_report(report.RunFiles(folder, info), out, baseline=args.baseline)
             if args.output is None:
@@ -81,6 +85,35 @@ def _gates_of(folder: str):
 
     path = join(folder, "gates.json")
     return read_json(path).get("results") if _exists(path) else None
+
+
+def _check_own(folder: str, info: dict, sweep: bool) -> None:
+    """DIR/report.html may be replaced only if this run or sweep wrote it (run.json lists it
+    with its size; sweep.json lists it): evalbeam touches only files it wrote."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.io import join
+
+    path = join(folder, "report.html")
+    if not _exists(path):
+        return
+    listed = info.get("files") or {}
+    if sweep:
+        ours = "report.html" in listed
+    else:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        ours = isinstance(listed, dict) and listed.get("report.html") == size
+    if not ours:
+        raise UsageError(f"{path} exists and evalbeam did not write it (or it changed since); "
+                         "move it away, or write the report elsewhere with -o FILE")
+
+
+def _list_in_sweep_json(folder: str, info: dict, name: str) -> None:
+    from evalbeam.transforms.io import join
+    from evalbeam.transforms.outputs import write_json_atomic
+
+    files = sorted(set(info.get("files") or []) | {name})
+    write_json_atomic(dict(info, files=files), join(folder, "sweep.json"))
 
 
 def _list_in_run_json(folder: str, info: dict, name: str) -> None:

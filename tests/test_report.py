@@ -220,6 +220,12 @@ def test_report_command_on_a_finished_run(tmp_path, capsys):
     assert not (out / "report.html").exists()
     assert report([str(tmp_path / "nothing")]) == 2
     assert "no run.json of evalbeam's" in capsys.readouterr().err
+    # a report.html evalbeam did not write is never replaced
+    (out / "report.html").write_text("my notes")
+    assert report([str(out)]) == 2
+    assert "evalbeam did not write it" in capsys.readouterr().err
+    assert (out / "report.html").read_text() == "my notes"
+    assert report([str(out), "-o", str(tmp_path / "elsewhere.html")]) == 0
 
 
 def test_report_bounds_with_many_labels_and_slices(tmp_path):
