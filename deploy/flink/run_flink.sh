@@ -35,7 +35,9 @@
 #             machine, and the TaskManagers must be able to reach it over the network.
 #   EXTERNAL  (not one of the three above, common on Kubernetes) Run the image above as a sidecar
 #             of each TaskManager with the argument --worker_pool (it listens on port 50000), and
-#             set ENVIRONMENT_TYPE=EXTERNAL WORKER_POOL=localhost:50000.
+#             set ENVIRONMENT_TYPE=EXTERNAL WORKER_POOL=localhost:50000. This is the set-up
+#             tests/test_portable.py runs on every CI run, with Beam's embedded job service in
+#             place of Flink's (deploy/README.md, "The portable path, tested here").
 #
 # Paths: the workers read the inputs and write the output, so GROUNDTRUTHS, PREDICTIONS and OUTPUT
 # must be on storage every TaskManager (and its containers) can reach: gs://, s3:// (needs
