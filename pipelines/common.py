@@ -64,14 +64,44 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return stem, spec
 
 
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+
 def split_beam_args(rest: list[str]) -> list[str]:
-    """Check that the arguments evalbeam did not take are Beam pipeline options."""
+    """Check that the arguments evalbeam did not take are Beam pipeline options. `--runner
+    DaskRunner` is taken as Beam's Dask runner (Beam knows it only by its module path), whose
+    module is imported so that its options (--dask_client_address, ...) are known."""
+    rest = with_runner_paths(rest)
     unknown = _unknown_beam_args(tuple(rest))
     if unknown:
         # the values of options named like secrets stay out of the message (and the logs)
         raise UsageError(f"unknown option(s) {' '.join(safe_beam_args(list(unknown)))}: see the "
                          "command's --help, and Beam's pipeline options")
     return rest
+
+
+def with_runner_paths(rest: list[str]) -> list[str]:
+    """rest with a short Dask runner name replaced by its module path; raises UsageError when
+    the Dask runner is asked for and dask is not installed."""
+    out = list(rest)
+    for i, arg in enumerate(out):
+        if arg == "--runner" and i + 1 < len(out):
+            name, at, prefix = out[i + 1], i + 1, ""
+        elif arg.startswith("--runner="):
+            name, at, prefix = arg.split("=", 1)[1], i, "--runner="
+        else:
+            continue
+        if name.lower() in ("dask", "daskrunner"):
+            out[at] = prefix + DASK_RUNNER
+        if "dask" in out[at].lower():
+            try:
+                import importlib
+
+                importlib.import_module(DASK_RUNNER.rsplit(".", 1)[0])
+            except ImportError as error:
+                raise UsageError(f"--runner {name} needs Dask: pip install 'evalbeam[dask]' "
+                                 f"({error})") from None
+    return out
 
 
 @functools.lru_cache(maxsize=64)

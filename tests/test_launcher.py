@@ -67,3 +67,21 @@ def test_many_replicates_mean_more_default_shards():
     assert default_num_shards(640 * mib) == default_num_shards(640 * mib, 100) == 10
     assert default_num_shards(640 * mib, 1000) == 100
     assert default_num_shards(640 * mib, 10_000) == 256
+
+
+def test_the_dask_runner_by_its_short_name(monkeypatch):
+    """`--runner DaskRunner` is Beam's Dask runner by its module path, whose options are then
+    known; without dask installed, a one-line usage error names the extra to install."""
+    import sys
+
+    from evalbeam.pipelines.common import DASK_RUNNER, UsageError, split_beam_args, with_runner_paths
+
+    monkeypatch.setitem(sys.modules, "apache_beam.runners.dask.dask_runner", None)
+    with pytest.raises(UsageError, match=r"evalbeam\[dask\]"):
+        with_runner_paths(["--runner", "DaskRunner"])
+    monkeypatch.undo()
+    assert with_runner_paths(["--runner=direct", "--x"]) == ["--runner=direct", "--x"]
+    pytest.importorskip("distributed")
+    assert with_runner_paths(["--runner", "daskrunner"]) == ["--runner", DASK_RUNNER]
+    assert split_beam_args(["--runner=DaskRunner", "--dask_client_address", "tcp://127.0.0.1:1"]) == \
+        [f"--runner={DASK_RUNNER}", "--dask_client_address", "tcp://127.0.0.1:1"]
