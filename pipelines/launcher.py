@@ -425,8 +425,9 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
             print("\n" + comparison_summary(folder.final("metrics.jsonl")))
         scores = "".join(f"{name} ({info[name.split('.')[0] + '_written']:,} rows), " for name in folder.extra
                          if name.split(".")[0] + "_written" in info)
+        made = "".join(f", {name}" for name in folder.after)
         print(f"\nOutputs in {args.output}: metrics.jsonl ({info['metrics_written']:,} records), "
-              f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows). "
+              f"{scores}run.json, rejected.jsonl ({info['rows_rejected']:,} rows){made}. "
               f"Wall time {info['wall_time_seconds']:.1f} s.")
     report_problems(info, folder.final("rejected.jsonl"), args.max_rejected_fraction)
     if info.get("gates") and (args.quiet or info["gates"]["passed"]):
