@@ -28,6 +28,8 @@ import os
 import re
 import time
 
+from evalbeam.schemas.slices import canonical_json
+
 MAX_TABLE_ROWS = 200
 MAX_EXAMPLES = 10
 MAX_TEXT = 2000
@@ -655,7 +657,7 @@ def detection_blocks(records, charts: Charts) -> list:
             params = {k: v for k, v in (r.get("parameters") or {}).items() if k not in ("label", "category_id")}
             # category ids are per label: the chart's series
             label_params = dict(params, label=(r.get("parameters") or {}).get("label"))
-            curves.setdefault(canonical(params), []).append(dict(r, parameters=label_params))
+            curves.setdefault(canonical_json(params), []).append(dict(r, parameters=label_params))
     for key in sorted(curves, key=lambda k: (json.loads(k).get("iou_threshold", 0), k)):
         blocks.append(charts.add(report_charts.interpolated_pr_curves(curves[key], series="label")))
     return [b for b in blocks + record_charts(records, charts) if b]
@@ -739,7 +741,7 @@ def headline_view(task: str, records) -> dict | None:
                 interval = interval.get(spec.field) if spec.field else interval
                 if spec.text not in columns:
                     columns.append(spec.text)
-                key = (r.get("model"), canonical(r.get("slice") or {}))
+                key = (r.get("model"), canonical_json(r.get("slice") or {}))
                 cells.setdefault(key, {})[spec.text] = value_text(value, interval)
     if not columns:
         return None
@@ -747,10 +749,6 @@ def headline_view(task: str, records) -> dict | None:
     rows = [[model, slice_text(json.loads(s))] + [v.get(c, "–") for c in columns]
             for (model, s), v in sorted(cells.items(), key=lambda kv: (len(kv[0][1]), kv[0][1], kv[0][0]))]
     return table("Headline metrics per model and slice", ["model", "slice"] + columns, rows)
-
-
-def canonical(value) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def text_distributions(files: RunFiles, charts: Charts) -> dict:
@@ -854,7 +852,7 @@ def model_sections(files: RunFiles, records, charts: Charts) -> list[dict]:
     for r in records:
         if r.get("type") == "Comparison":
             continue
-        groups.setdefault((r.get("model"), canonical(r.get("slice") or {})), []).append(r)
+        groups.setdefault((r.get("model"), canonical_json(r.get("slice") or {})), []).append(r)
     distributions = text_distributions(files, charts) if task == "text" else {}
     worst = worst_examples(files) if task == "text" else {}
     sections = []
@@ -977,7 +975,7 @@ def sweep_context(folder: str, info: dict | None = None, checks=None, baseline: 
         columns = [k for k in members[0].get("metrics", {})] if isinstance(members[0].get("metrics"), dict) else []
         blocks = []
         table_rows = []
-        for row in sorted(members, key=lambda r: (len(r.get("slice") or {}), canonical(r.get("slice") or {}),
+        for row in sorted(members, key=lambda r: (len(r.get("slice") or {}), canonical_json(r.get("slice") or {}),
                                                   r.get("rank") or 10 ** 9, str(r.get("model")))):
             metrics = row.get("metrics") or {}
             table_rows.append([row.get("model"), slice_text(row.get("slice") or {}), fmt(row.get("rank"))] +
