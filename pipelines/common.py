@@ -64,13 +64,14 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return stem, spec
 
 
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+DASK_RUNNER = "evalbeam.pipelines.dask_runner.DaskRunner"
 
 
 def split_beam_args(rest: list[str]) -> list[str]:
     """Check that the arguments evalbeam did not take are Beam pipeline options. `--runner
-    DaskRunner` is taken as Beam's Dask runner (Beam knows it only by its module path), whose
-    module is imported so that its options (--dask_client_address, ...) are known."""
+    DaskRunner` is taken as evalbeam's Dask runner (pipelines/dask_runner.py, Beam's with the
+    graph translation fixed), whose module is imported so that its options
+    (--dask_client_address, ...) are known."""
     rest = with_runner_paths(rest)
     unknown = _unknown_beam_args(tuple(rest))
     if unknown:
@@ -97,7 +98,8 @@ def with_runner_paths(rest: list[str]) -> list[str]:
             try:
                 import importlib
 
-                importlib.import_module(DASK_RUNNER.rsplit(".", 1)[0])
+                importlib.import_module("apache_beam.runners.dask.dask_runner")
+                importlib.import_module("distributed")
             except ImportError as error:
                 raise UsageError(f"--runner {name} needs Dask: pip install 'evalbeam[dask]' "
                                  f"({error})") from None

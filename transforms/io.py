@@ -9,6 +9,7 @@ the launcher only when the run has finished (finalize_outputs).
 from __future__ import annotations
 
 import bz2
+import contextlib
 import copy
 import hashlib
 import json
@@ -19,6 +20,7 @@ import stat
 import sys
 import time
 import typing
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -725,6 +727,26 @@ class WriteJsonl(beam.PTransform):
 
 def _write_all(_, records, path: str, sort_key) -> int:
     return write_jsonl(list(records), path, sort_key)
+
+
+@contextlib.contextmanager
+def created_whole(path: str):
+    """A binary stream that writes path, which readers see whole or not at all. Workers write
+    their parts under names fixed by the shard, and a retried bundle (a lost worker on Dask or
+    Dataflow) writes the same name again while a reader of the first copy may still read it:
+    on a local disk the bytes go to a sibling file renamed over path at the end (atomic on
+    POSIX); an object store shows an object only once it is whole, so there path is written."""
+    local = "://" not in path
+    target = f"{path}.{uuid.uuid4().hex[:8]}.partial" if local else path
+    try:
+        with FileSystems.create(target) as out:
+            yield out
+    except BaseException:
+        if local and os.path.exists(target):
+            os.remove(target)
+        raise
+    if local:
+        os.replace(target, path)
 
 
 def write_jsonl(records: list, path: str, sort_key=None) -> int:

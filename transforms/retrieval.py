@@ -45,7 +45,8 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
-                                    join, merge_sorted_parts, open_input, read_pcollections)
+                                    created_whole, join, merge_sorted_parts, open_input,
+                                    read_pcollections)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
 from evalbeam.transforms.merge import merged_records
@@ -188,10 +189,11 @@ def _take(columns, index: np.ndarray):
 
 
 def write_piece(columns, path: str) -> None:
-    """Columns as one Arrow IPC stream (query, doc, value, line) at path, through FileSystems."""
+    """Columns as one Arrow IPC stream (query, doc, value, line) at path, through FileSystems;
+    seen whole or not at all (created_whole: a retried bundle writes it again)."""
     value = columns.relevance if hasattr(columns, "relevance") else columns.score
     table = pa.table({"query": columns.query, "doc": columns.doc, "value": value, "line": columns.line})
-    with FileSystems.create(path) as out:
+    with created_whole(path) as out:
         with pa.ipc.new_stream(out, table.schema) as writer:
             writer.write_table(table)
 
@@ -423,7 +425,7 @@ class MatchRetrieval(ProgressDoFn):
         if self.per_query_dir is not None:
             rows.sort(key=lambda r: (r[0], r[1]))
             path = join(self.per_query_dir, f"part-{shard:05d}.jsonl")
-            with FileSystems.create(path) as out:
+            with created_whole(path) as out:
                 out.write("".join(f'{{"query_id": {q}, "model": {json.dumps(m)}, "measures": '
                                   f'{json.dumps(v)}}}\n' for q, m, v in rows).encode("utf-8"))
             yield beam.pvalue.TaggedOutput(TAG_PER_QUERY, (path, len(rows)))

@@ -30,7 +30,7 @@ from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
-                                    ReadRowFile, RowsFromDicts, join, merge_sorted_parts,
+                                    ReadRowFile, RowsFromDicts, created_whole, join, merge_sorted_parts,
                                     read_pcollections, reject_row, unique_by_source)
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.judge.report import judge_problems, judge_report
@@ -241,7 +241,7 @@ class MatchText(ProgressDoFn):
         score_rows.sort(key=score_sort_key)
         if self.scores_dir is not None:
             path = join(self.scores_dir, f"part-{shard:05d}.jsonl")
-            with FileSystems.create(path) as out:
+            with created_whole(path) as out:
                 out.write("".join(score_line(r) for r in score_rows).encode("utf-8"))
             yield beam.pvalue.TaggedOutput(TAG_SCORES, (path, len(score_rows)))
         else:

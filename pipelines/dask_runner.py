@@ -1,0 +1,235 @@
+"""evalbeam's Dask runner: Beam's DaskRunner with the graph translation redone where Beam's
+loses data (`--runner DaskRunner` names this class; deploy/README.md, "Dask").
+
+Beam's DaskRunner (apache-beam 2.77) turns a pipeline into dask bags. Three of its choices lose
+data in any pipeline shaped like evalbeam's, each reproduced in deploy/dask/ for Beam's tracker:
+
+1. one bag per *transform*, and the tags of a multi-output ParDo dropped: every consumer of one
+   output receives the elements of all of them (repro_tagged_outputs.py);
+2. only the bag of the last transform visited is computed: the other sinks never run
+   (repro_unrun_sinks.py);
+3. what a DoFn emits in `finish_bundle` is dropped (repro_finish_bundle.py).
+
+This module keeps Beam's DoFn invocation machinery and replaces the translation: one bag per
+*PCollection* holding WindowedValues; a multi-output ParDo computes one bag of (tag, value)
+pairs that each output filters (dask computes it once, since all sinks are computed together);
+a partition is one bundle, finish_bundle's outputs included; side inputs are dask Items that
+the reading tasks depend on, not bags computed from inside a running task (which blocks a
+worker thread); GroupByKey groups on a digest of the pickled key, as Beam groups on the encoded
+key, so keys Python cannot hash group too; every PCollection that nothing consumes is
+computed, reduced to its element count so no data travels to the client.
+The other runners do not see any of this: it is chosen only by `--runner DaskRunner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import pickle
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.pipeline import PipelineVisitor
+from apache_beam.runners.common import (DoFnContext, DoFnInvoker, DoFnSignature, Receiver,
+                                        _OutputHandler)
+from apache_beam.runners.dask import dask_runner as beam_dask
+from apache_beam.runners.dask.overrides import (_Create, _Flatten, _GroupByKeyOnly,
+                                                dask_overrides)
+from apache_beam.transforms.sideinputs import SideInputMap
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+MAIN = None  # the tag of a ParDo's main output in the (tag, value) pairs below
+PARTITION_SIZE = 128  # elements per partition of a Create, Beam's DaskRunner's default floor
+
+
+def _global(value) -> WindowedValue:
+    return WindowedValue(value, MIN_TIMESTAMP, (GlobalWindow(),))
+
+
+class _ListReceiver(Receiver):
+    """Collects one output's WindowedValues as (tag, value) pairs into a shared list."""
+
+    def __init__(self, tag, into: list):
+        self.tag, self.into = tag, into
+
+    def receive(self, windowed_value):
+        self.into.append((self.tag, windowed_value))
+
+
+class _Receivers(dict):
+    def __init__(self, into: list):
+        super().__init__()
+        self.into = into
+
+    def __missing__(self, tag):
+        self[tag] = receiver = _ListReceiver(tag, self.into)
+        return receiver
+
+
+def _run_dofn(items, transform, window_fn, label, side_specs, *side_values):
+    """One dask partition as one Beam bundle: setup, start_bundle, process each WindowedValue,
+    finish_bundle (whose outputs are kept), teardown. Returns (tag, WindowedValue) pairs."""
+    out: list = []
+    receivers = _Receivers(out)
+    side_inputs = [SideInputMap(view_class, view_options, values)
+                   for (view_class, view_options), values in zip(side_specs, side_values)]
+    args, kwargs = transform.raw_side_inputs
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(transform.fn),
+        _OutputHandler(window_fn=window_fn, main_receivers=receivers[MAIN],
+                       tagged_receivers=receivers, per_element_output_counter=None,
+                       output_batch_converter=None, process_yields_batches=False,
+                       process_batch_yields_elements=False),
+        context=DoFnContext(label, state=None), side_inputs=side_inputs,
+        input_args=list(args), input_kwargs=kwargs, user_state_context=None,
+        bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
+    invoker.invoke_setup()
+    invoker.invoke_start_bundle()
+    for item in items:
+        invoker.invoke_process(item)
+    invoker.invoke_finish_bundle()
+    invoker.invoke_teardown()
+    return out
+
+
+def _has_tag(tag, pair) -> bool:
+    return pair[0] == tag
+
+
+def _value(pair):
+    return pair[1]
+
+
+def _key_digest(windowed) -> int:
+    """A process-independent partitioning key: Python's hash() of a str differs between worker
+    processes, which would split one Beam key over several groups."""
+    return int.from_bytes(hashlib.blake2b(pickle.dumps(windowed.value[0], protocol=4),
+                                          digest_size=8).digest(), "big")
+
+
+def _group_partition(pairs):
+    """(digest, [WindowedValue((key, reified value)), ...]) pairs to (key, [reified values])
+    WindowedValues; keys that share a digest are told apart by equality."""
+    out = []
+    for _, members in pairs:
+        groups: dict = {}
+        for windowed in members:
+            key, value = windowed.value
+            groups.setdefault(pickle.dumps(key, protocol=4), (key, []))[1].append(value)
+        out.extend(_global((key, values)) for key, values in groups.values())
+    return out
+
+
+def _concat(partitions) -> list:
+    return list(itertools.chain.from_iterable(partitions))
+
+
+def _count(partition) -> list:
+    return [sum(1 for _ in partition)]
+
+
+class _BagVisitor(PipelineVisitor):
+    """Translates each leaf transform into dask bags, one per output PCollection."""
+
+    def __init__(self, bag_kwargs: dict):
+        self.bag_kwargs = bag_kwargs
+        self.bags: dict = {}  # PCollection -> dask bag of WindowedValues
+        self.consumed: set = set()
+
+    def visit_transform(self, node) -> None:
+        import dask.bag as db
+
+        transform = node.transform
+        inputs = [value for value in node.inputs if not isinstance(value, pvalue.PBegin)]
+        self.consumed.update(inputs)
+        self.consumed.update(side.pvalue for side in node.side_inputs)
+        in_bags = [self.bags[value] for value in inputs]
+        if isinstance(transform, _Create):
+            values = list(transform.values)
+            options = dict(self.bag_kwargs) or {
+                "partition_size": max(PARTITION_SIZE, math.ceil(math.sqrt(len(values)) / 10))}
+            self._publish(node, db.from_sequence([_global(v) for v in values], **options)
+                          if values else db.from_sequence([], npartitions=1))
+        elif isinstance(transform, beam.ParDo):
+            self._publish_pardo(node, in_bags[0])
+        elif isinstance(transform, _GroupByKeyOnly):
+            grouped = in_bags[0].groupby(_key_digest, shuffle="tasks")
+            self._publish(node, grouped.map_partitions(_group_partition))
+        elif isinstance(transform, _Flatten):
+            self._publish(node, db.concat(in_bags) if in_bags
+                          else db.from_sequence([], npartitions=1))
+        elif in_bags:  # Reshuffle and the like: the identity here
+            self._publish(node, in_bags[0])
+        elif node.outputs:
+            raise NotImplementedError(f"evalbeam's Dask runner cannot translate "
+                                      f"{type(transform).__name__} ({node.full_label})")
+
+    def _publish(self, node, bag) -> None:
+        for output in node.outputs.values():
+            self.bags[output] = bag
+
+    def _publish_pardo(self, node, bag) -> None:
+        transform = node.transform
+        main_input = next(iter(node.main_inputs.values()))
+        window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
+        side_specs, side_values = [], []
+        for side in node.side_inputs:
+            side_specs.append((type(side), side._view_options()))
+            # an Item (one value broadcast to every partition), not a Delayed: bags and items
+            # are optimized as one graph, so the side input's producers run once, not again
+            # in a separately fused copy (which would run their side effects twice)
+            side_values.append(self.bags[side.pvalue].reduction(list, _concat))
+        pairs = bag.map_partitions(_run_dofn, transform, window_fn, node.full_label,
+                                   side_specs, *side_values)
+        main_tag = _main_tag(node)
+        for tag, output in node.outputs.items():
+            wanted = MAIN if tag == main_tag else tag
+            self.bags[output] = pairs.filter(lambda pair, t=wanted: _has_tag(t, pair)).map(_value)
+
+    def sinks(self) -> list:
+        """Every PCollection that no transform reads: computing them computes the pipeline."""
+        return [bag for pcoll, bag in self.bags.items() if pcoll not in self.consumed]
+
+
+def _main_tag(node):
+    """The key of node.outputs that holds the ParDo's main output."""
+    tags = list(node.outputs)
+    declared = set(getattr(node.transform, "output_tags", ()) or ())
+    for tag in tags:
+        if tag is None or tag not in declared:
+            return tag
+    return tags[0]
+
+
+class DaskRunner(beam_dask.DaskRunner):
+    """Beam's DaskRunner with evalbeam's translation (see the module docstring)."""
+
+    def run_pipeline(self, pipeline, options):
+        import dask
+        import dask.distributed as ddist
+
+        dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
+            drop_default=True, current_only=True)
+        bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
+        client = ddist.Client(**dask_options)
+        pipeline.replace_all(dask_overrides())
+        visitor = _BagVisitor(bag_kwargs)
+        pipeline.visit(visitor)
+        counts = [bag.map_partitions(_count) for bag in visitor.sinks()]
+        futures = client.compute(dask.optimize(*counts))
+        return DaskRunnerResult(client, futures)
+
+
+class DaskRunnerResult(beam_dask.DaskRunnerResult):
+    """Beam's result, which also closes the client it was given once the job has ended (Beam's
+    leaves it open, and it then logs reconnection errors after the cluster goes away)."""
+
+    def wait_until_finish(self, duration=None) -> str:
+        try:
+            return super().wait_until_finish(duration)
+        finally:
+            if self._state != beam_dask.PipelineState.RUNNING:
+                self.client.close()
