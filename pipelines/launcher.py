@@ -484,6 +484,7 @@ class TaskJob(beam.PTransform):
 
     def expand(self, pbegin):
         from evalbeam.transforms.io import WriteJsonl
+        from evalbeam.transforms.meters import add_stats
         from evalbeam.transforms.outputs import reject_sort_key
         from evalbeam.transforms.uncertainty import Uncertainty, with_comparisons_last
 
@@ -498,7 +499,7 @@ class TaskJob(beam.PTransform):
         extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
         report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
         sidecar = self.sidecar(out) if self.sidecar is not None else None
-        stats = out.stats | "SumStats" >> beam.CombinePerKey(sum)
+        stats = out.stats | "SumStats" >> beam.CombinePerKey(add_stats)
         return (pbegin
                 | "Once" >> beam.Create([None])
                 | "Publish" >> beam.Map(

@@ -32,6 +32,7 @@ import json
 import apache_beam as beam
 
 from evalbeam.transforms.io import dataset_of, is_truth, qualified, role_of
+from evalbeam.transforms.meters import METER_COUNTERS, add_stats
 
 NOT_IN_GROUP_KEY = ("num_shards",)   # each dataset keeps its own shards (FilesJob.layout)
 
@@ -118,6 +119,16 @@ def _counter_renamed(pair):
     return (counter, role_of(source)), n
 
 
+def _stats_by_cell(pair, cells):
+    """A summed stats pair -> (cell, ("stats", pair)): a row counter to its source's cell (see
+    _by_source); a shuffle meter to every cell, since the cells of a group share the pipeline
+    and its shuffles."""
+    (counter, _), _ = pair
+    if counter in METER_COUNTERS:
+        return [(cell, ("stats", pair)) for cell in cells]
+    return _by_source(pair, _counter_source, _counter_renamed, cells, "stats")
+
+
 def _presence_source(element) -> str:
     _, (source, _) = element
     return source
@@ -184,9 +195,8 @@ class CellGroupJob(beam.PTransform):
             out.rejected | "RejectsByCell" >> beam.FlatMap(
                 _by_source, _rejection_source, _rejection_renamed, cells, "rejected"),
             (out.stats
-             | "SumStats" >> beam.CombinePerKey(sum)
-             | "StatsByCell" >> beam.FlatMap(
-                 _by_source, _counter_source, _counter_renamed, cells, "stats")),
+             | "SumStats" >> beam.CombinePerKey(add_stats)
+             | "StatsByCell" >> beam.FlatMap(_stats_by_cell, cells)),
             out.problems | "ProblemsByCell" >> beam.FlatMap(_problem_cells, cells),
         ]
         if any(sidecar is not None for _, _, sidecar in self.cells.values()):

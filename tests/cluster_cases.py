@@ -6,6 +6,7 @@ selects the runner under test.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -55,6 +56,12 @@ def check_golden_case(tmp_path, runner, name):
         if os.path.exists(golden):
             with open(os.path.join(folder, file), encoding="utf-8") as got:
                 assert normalise(got.read(), out) == open(golden, encoding="utf-8").read(), file
+    golden = os.path.join(EXPECTED, name, "shuffle_elements.json")
+    if os.path.exists(golden):   # run.json's meters count the same elements on every runner
+        with open(os.path.join(folder, "run.json"), encoding="utf-8") as got:
+            shuffles = json.load(got)["shuffles"]
+        assert {stage: f["elements"] for stage, f in shuffles.items()} == \
+            json.load(open(golden, encoding="utf-8"))
 
 
 def check_segmentation_mask_files(tmp_path, runner, forms=("png", "npy")):

@@ -8,6 +8,7 @@ Capture again, only for an intended change of behaviour (and say so in the commi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,14 @@ def run_case(name: str, out: str, judge_url: str = "", extra: tuple = ()) -> dic
     got = {"exit_code": f"{done.returncode}\n", "stdout.txt": normalise(done.stdout, out),
            "stderr.txt": normalise(done.stderr, out)}
     folder = output_folder(name, out)
+    run_json = os.path.join(folder, "run.json")
+    if os.path.exists(run_json) and done.returncode != 2:
+        # how many elements crossed each shuffle: a property of the inputs and the shards, not
+        # of the runner (the bytes depend on pickle and numpy versions, so they are not kept)
+        with open(run_json, encoding="utf-8") as f:
+            shuffles = json.load(f).get("shuffles", {})
+        got["shuffle_elements.json"] = json.dumps(
+            {stage: figures["elements"] for stage, figures in shuffles.items()}, indent=1) + "\n"
     for file in KEPT:
         path = os.path.join(folder, file)
         if os.path.exists(path):

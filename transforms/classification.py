@@ -42,6 +42,7 @@ from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, Classi
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
 from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.meters import meter
 
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
@@ -482,16 +483,20 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
         config = dataclasses.replace(config, bootstrap=wanted)
     match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
                                 bootstrap, compare, presence, layout)
+    shard_meter = meter(pieces, "GroupByShard")
     matched = (pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(match, vocab_view)
                .with_output_types(PARTIAL).with_outputs(
                    TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
     # each model's states read on its own vocabulary
-    records = merged_records(matched.partials, state_records, vocab_view, config, by_model=True)
+    records, state_meters = merged_records(matched.partials, state_records, vocab_view, config,
+                                           by_model=True)
     presence = matched[TAG_PRESENCE] if match.presence else None
     outcomes = matched[TAG_OUTCOMES] if match.compare else None
-    return records, matched[TAG_REJECTED], matched[TAG_STATS], presence, outcomes
+    stats = ((matched[TAG_STATS], shard_meter, state_meters)
+             | "MatchStatsAndMeters" >> beam.Flatten())
+    return records, matched[TAG_REJECTED], stats, presence, outcomes
 
 
 class ClassificationRowsFromDicts(beam.DoFn):
@@ -599,7 +604,7 @@ class EvaluateClassification(EvaluateRows):
         if not self.with_diagnostics:
             return records
         rejected = ([o[TAG_REJECTED] for o in outputs] + [rejected]) | "Rejected" >> beam.Flatten()
-        stats = ([o[TAG_STATS] for o in outputs] + [stats]) | "Stats" >> beam.Flatten()
+        stats = self.row_counters(([o[TAG_STATS] for o in outputs] + [stats]) | "Stats" >> beam.Flatten())
         return records, rejected, stats
 
 

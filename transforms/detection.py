@@ -37,6 +37,7 @@ from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, Detai
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
 from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.meters import meter
 
 TAG_CATEGORIES = "categories"
 TAG_PRESENCE = "presence"
@@ -659,15 +660,17 @@ def _evaluate(read, categories, config: DetectionConfig, models, slices, files, 
     (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
     there is a compare_to model, or presence=True."""
     presence = bool(presence) or (config.bootstrap is not None and compare_to is not None)
+    shard_meter = meter(read.pieces, "GroupByShard")
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started,
                                                       presence), categories)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    metrics = merged_records(matched.partials, state_records, categories, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, categories, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
+             | "AllStats" >> beam.Flatten())
     return metrics, rejected, stats, (matched[TAG_PRESENCE] if presence else None)
 
 
@@ -703,4 +706,4 @@ class EvaluateDetection(EvaluateRows):
         metrics, rejected, stats, presence = _evaluate(read, categories, config, models, self.slices,
                                                        {}, True, 0.0, self.compare_to)
         metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
-        return (metrics, rejected, stats) if self.with_diagnostics else metrics
+        return (metrics, rejected, self.row_counters(stats)) if self.with_diagnostics else metrics

@@ -47,7 +47,8 @@ class Evaluated(NamedTuple):
     metrics: metric records {"type", "value", "parameters", "model", "slice"};
     rejected: rejection dicts {"source", "file", "line" | "row", "reason"};
     stats: ((counter, source name), n) pairs, counters rows_read / rows_evaluated /
-      rows_rejected (the launcher checks that they add up);
+      rows_rejected (the launcher checks that they add up), and the shuffle meters of
+      transforms/meters.py ((meter, stage), n), which become run.json's "shuffles";
     problems: problem dicts (transforms.outputs.problem) the task found;
     extra: {output file name: PCollection of the one row count of that file}, for files the
       task wrote itself at job.temp(name) (scores.jsonl, per_query.jsonl);
@@ -105,6 +106,14 @@ class EvaluateRows(beam.PTransform):
 
         return Uncertainty.inputs(records, presence, outcomes) | "Uncertainty" >> Uncertainty(
             self.bootstrap, unit, self.compare_to)
+
+    @staticmethod
+    def row_counters(stats):
+        """stats without the shuffle meters (transforms/meters.py): the diagnostics users get
+        hold the row counters only, which add up with `sum`."""
+        from evalbeam.transforms.meters import is_row_counter
+
+        return stats | "RowCounters" >> beam.Filter(is_row_counter)
 
     @property
     def slice_keys(self) -> list[str]:

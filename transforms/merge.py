@@ -1,5 +1,5 @@
 """The one CombineFn of every task (MergeStates), the step after it (records_of), and both
-as one step (merged_records).
+as one step (merged_records), metered (transforms/meters.py).
 
 A task's state (transforms/kernels/<task>.py) has copy() -> a new state and merge(other) ->
 self with other added. Merging is exact and order-free (integer counts, exact sums, states
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 
 import apache_beam as beam
+
+from evalbeam.transforms.meters import meter, meter_states
 
 
 class MergeStates(beam.CombineFn):
@@ -55,9 +57,16 @@ def records_of(element, state_records, *args, by_model: bool = False, **kwargs):
 
 
 def merged_records(partials, state_records, *args, by_model: bool = False):
-    """((model, slice JSON), partial state) pairs -> the records of each merged state:
-    CombinePerKey(MergeStates()), then records_of with state_records(state, *args) (by_model:
-    see records_of)."""
-    return (partials
-            | "Combine" >> beam.CombinePerKey(MergeStates())
-            | "Records" >> beam.FlatMap(records_of, state_records, *args, by_model=by_model))
+    """((model, slice JSON), partial state) pairs -> (records, meter stats): the records of
+    each merged state (CombinePerKey(MergeStates()), then records_of with
+    state_records(state, *args); by_model: see records_of), and the stats pairs of what entered
+    the combine and of its largest state (transforms/meters.py)."""
+    combined = partials | "Combine" >> beam.CombinePerKey(MergeStates())
+    records = combined | "Records" >> beam.FlatMap(records_of, state_records, *args, by_model=by_model)
+    return records, metered_states(partials, combined)
+
+
+def metered_states(partials, combined):
+    """The meter stats of a MergeStates combine: its input, and its largest merged state."""
+    return ((meter(partials, "MergeStates"), meter_states(combined))
+            | "MergeStatesMeters" >> beam.Flatten())

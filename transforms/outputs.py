@@ -31,6 +31,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.transforms.io import InputError, join, read_json
+from evalbeam.transforms.meters import METER_COUNTERS, shuffle_report
 
 WRITTEN_BY = "evalbeam"
 OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl",
@@ -287,9 +288,12 @@ def first_records(path: str, n: int) -> list[dict]:
 
 
 def source_counts(stats: list, names: list[str]) -> dict:
-    """{source: {rows_read, rows_evaluated, rows_rejected}} from ((counter, source), n) pairs."""
+    """{source: {rows_read, rows_evaluated, rows_rejected}} from ((counter, source), n) pairs
+    (the meters of transforms/meters.py are left out)."""
     counts = {name: {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0} for name in names}
     for (counter, source), value in stats:
+        if counter in METER_COUNTERS:
+            continue
         counts.setdefault(source, {"rows_read": 0, "rows_evaluated": 0, "rows_rejected": 0})
         counts[source][counter] += value
     return counts
@@ -386,6 +390,7 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
         first_rejections=first_records(folder.temp("rejected.jsonl"), 3),
         outputs={name: folder.final(name) for name in folder.names},
         wall_time_seconds=round(time.time() - started, 3),
+        shuffles=shuffle_report(stats),
     )
     if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
         info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores

@@ -50,6 +50,7 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
 from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.meters import meter
 
 TAG_PER_QUERY = "per_query"
 TAG_COVERAGE = "coverage"
@@ -522,6 +523,7 @@ def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_sl
     merged and turned into records: (metrics, rejects, stats, matched), matched holding the
     coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with presence, the queries of
     each side (TAG_PRESENCE) of MatchRetrieval."""
+    shard_meter = meter(read.pieces, "GroupByShard")
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchRetrieval(
@@ -530,9 +532,10 @@ def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_sl
                .with_output_types(PARTIAL)
                .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, TAG_PRESENCE,
                              main="partials"))
-    metrics = merged_records(matched.partials, state_records, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, config)
     rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
-    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
+             | "AllStats" >> beam.Flatten())
     return metrics, rejects, stats, matched
 
 
@@ -615,4 +618,4 @@ class EvaluateRetrieval(EvaluateRows):
                                                      None, True, 0.0, self.bootstrap, presence)
         metrics = self.uncertain(metrics, matched[TAG_PRESENCE] if presence else None, None,
                                  unit=INTERVAL_UNIT)
-        return (metrics, rejects, stats) if self.with_diagnostics else metrics
+        return (metrics, rejects, self.row_counters(stats)) if self.with_diagnostics else metrics

@@ -36,7 +36,8 @@ from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, Segmen
                                                       label_ids, lookup_table, pixel_confusion,
                                                       pixel_label_sets, state_records)
 from evalbeam.transforms.mask_files import read_array
-from evalbeam.transforms.merge import MergeStates, records_of
+from evalbeam.transforms.merge import MergeStates, metered_states, records_of
+from evalbeam.transforms.meters import meter
 
 TAG_LABELS = "labels"
 TAG_PRESENCE = "presence"
@@ -360,6 +361,7 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
         | "AllLabels" >> beam.Flatten()
         | "Labels" >> beam.CombineGlobally(LabelSet()))
+    shard_meter = meter(read.pieces, "GroupByShard")
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started,
@@ -375,7 +377,9 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
                 | "GatherPixelLabels" >> beam.combiners.ToList()
                 | "LabelProblems" >> beam.FlatMap(vocabulary_problems))
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter,
+              metered_states(matched.partials, combined))
+             | "AllStats" >> beam.Flatten())
     return metrics, rejected, stats, problems, (matched[TAG_PRESENCE] if presence else None)
 
 
@@ -447,4 +451,4 @@ class EvaluateSegmentation(EvaluateRows):
                                                           {}, True, 0.0, self.bootstrap,
                                                           self.compare_to)
         metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
-        return (metrics, rejected, stats) if self.with_diagnostics else metrics
+        return (metrics, rejected, self.row_counters(stats)) if self.with_diagnostics else metrics

@@ -39,6 +39,7 @@ from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
 from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.meters import meter
 
 TAG_SCORES = "scores"
 TAG_JUDGE = "judge_stats"
@@ -292,6 +293,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, b
     outcomes still None). With bootstrap, the records keep the internal replicate fields for
     transforms.uncertainty."""
     boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
+    shard_meter = meter(read.pieces, "GroupByShard")
     matched = (read.pieces
                | "GroupByShard" >> beam.GroupByKey()
                | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started,
@@ -299,9 +301,10 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, b
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
                              main="partials"))
-    metrics = merged_records(matched.partials, state_records, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, config)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = (read[TAG_STATS], matched[TAG_STATS]) | "AllStats" >> beam.Flatten()
+    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
+             | "AllStats" >> beam.Flatten())
     judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
     comparing = boot is not None and compare_to is not None
     presence = matched[TAG_PRESENCE] if comparing or presence else None
@@ -392,4 +395,6 @@ class EvaluateText(EvaluateRows):
         metrics, scores, rejected, stats, _, presence, outcomes = _evaluate(
             read, models, self.slices, self.config, {}, None, True, 0.0, self.bootstrap, self.compare_to)
         metrics = self.uncertain(metrics, presence, outcomes, unit="datum")
-        return (metrics, scores, rejected, stats) if self.with_diagnostics else metrics
+        if not self.with_diagnostics:
+            return metrics
+        return metrics, scores, rejected, self.row_counters(stats)

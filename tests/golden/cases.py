@@ -4,7 +4,8 @@ Each case is evalbeam's command line with paths relative to tests/golden/inputs 
 shared reference folder (`{ref}`) and the case's output folder (`{out}`). The outputs kept are
 metrics.jsonl, rejected.jsonl, scores.jsonl, per_query.jsonl, what was printed on stdout and
 stderr (wall
-times blanked) and the exit code. run.json is not kept: it records times, versions and paths.
+times blanked) and the exit code. run.json is not kept: it records times, versions and paths; of it
+only the elements that crossed each shuffle are (shuffle_elements.json).
 """
 
 from __future__ import annotations

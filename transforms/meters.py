@@ -1,0 +1,98 @@
+"""What crosses a run's shuffles, measured inside the pipeline on every runner: run.json's
+"shuffles" (pipelines/outputs.md) and the sizing formulas of deploy/README.md come from here.
+
+Every task has the same two shuffles. GroupByShard gathers the pieces the readers cut from the
+input files by shard (their size grows with the rows); MergeStates gathers the partial states
+each shard's matching produced, keyed by (model, slice), and adds them (their size grows with
+shards x models x slices, and with what a state holds per label, threshold or replicate).
+
+The meters ride on the stats channel every task already has: ((counter, stage), n) pairs,
+summed per key, except counters of `Largest` values, which keep their maximum. Bytes are the
+length of the element's pickle (protocol 5), which is what Beam's fallback coder writes for
+these Python objects; with combiner lifting a runner sends fewer bytes into MergeStates than
+its input holds (one accumulator per bundle and key), so its figure is an upper bound.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
+
+SHUFFLE_ELEMENTS = "shuffle_elements"
+SHUFFLE_BYTES = "shuffle_bytes"
+LARGEST_STATE_BYTES = "largest_state_bytes"
+METER_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES)
+
+
+class Largest(int):
+    """A stats value that combines by maximum instead of sum."""
+
+
+def add_stats(values) -> int:
+    """The CombinePerKey function of the stats channel: the sum of the values, or the largest
+    when they are Largest (all values of one counter are of one kind)."""
+    values = list(values)
+    if values and isinstance(values[0], Largest):
+        return Largest(max(values))
+    return sum(values)
+
+
+def pickled_size(value) -> int:
+    return len(pickle.dumps(value, protocol=5))
+
+
+class MeterShuffle(beam.DoFn):
+    """Counts the elements entering a shuffle and the bytes of their pickles; emits two stats
+    pairs per bundle (not per element), from finish_bundle."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def start_bundle(self):
+        self.elements = 0
+        self.bytes = 0
+
+    def process(self, element):
+        self.elements += 1
+        self.bytes += pickled_size(element)
+        return ()
+
+    def finish_bundle(self):
+        if self.elements:
+            for counter, n in ((SHUFFLE_ELEMENTS, self.elements), (SHUFFLE_BYTES, self.bytes)):
+                yield WindowedValue(((counter, self.stage), n), GlobalWindow().max_timestamp(),
+                                    (GlobalWindow(),))
+
+
+def meter(pcoll, stage: str):
+    """The stats pairs of what pcoll carries into the shuffle named stage."""
+    return pcoll | f"Meter{stage}" >> beam.ParDo(MeterShuffle(stage))
+
+
+def _largest_state(element, stage: str):
+    _, state = element
+    return (LARGEST_STATE_BYTES, stage), Largest(pickled_size(state))
+
+
+def meter_states(combined, stage: str = "MergeStates"):
+    """The stats pair of the largest merged state of combined ((key, state) pairs): the size of
+    the biggest accumulator the combine had to hold for one key."""
+    return combined | f"MeterLargest{stage}" >> beam.Map(_largest_state, stage)
+
+
+def is_row_counter(pair) -> bool:
+    (counter, _), _ = pair
+    return counter not in METER_COUNTERS
+
+
+def shuffle_report(stats) -> dict:
+    """{stage: {"elements", "bytes", "largest_state_bytes"?}} from summed stats pairs; the
+    pairs of other counters are ignored."""
+    out: dict = {}
+    for (counter, stage), value in stats:
+        if counter in METER_COUNTERS:
+            out.setdefault(stage, {})[counter.replace("shuffle_", "")] = int(value)
+    return {stage: out[stage] for stage in sorted(out)}
