@@ -13,7 +13,7 @@ data in any pipeline shaped like evalbeam's, each reproduced in deploy/dask/ for
 This module keeps Beam's DoFn invocation machinery and replaces the translation: one bag per
 *PCollection* holding WindowedValues; a multi-output ParDo computes one bag of (tag, value)
 pairs that each output filters (dask computes it once, since all sinks are computed together);
-a partition is one bundle, finish_bundle's outputs included; side inputs are dask Items that
+a partition is one bundle, finish_bundle's outputs included; side inputs are delayed lists
 the reading tasks depend on, not bags computed from inside a running task (which blocks a
 worker thread); GroupByKey groups on a digest of the pickled key, as Beam groups on the encoded
 key, so keys Python cannot hash group too; every PCollection that nothing consumes is
@@ -172,16 +172,18 @@ class _BagVisitor(PipelineVisitor):
             self.bags[output] = bag
 
     def _publish_pardo(self, node, bag) -> None:
+        import dask
+
         transform = node.transform
         main_input = next(iter(node.main_inputs.values()))
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
         side_specs, side_values = [], []
         for side in node.side_inputs:
             side_specs.append((type(side), side._view_options()))
-            # an Item (one value broadcast to every partition), not a Delayed: bags and items
-            # are optimized as one graph, so the side input's producers run once, not again
-            # in a separately fused copy (which would run their side effects twice)
-            side_values.append(self.bags[side.pvalue].reduction(list, _concat))
+            # the side input's partitions, unoptimized (an optimized copy of their graph would
+            # have keys of its own and run the producers, side effects included, once more)
+            parts = self.bags[side.pvalue].to_delayed(optimize_graph=False)
+            side_values.append(dask.delayed(_concat)(parts))
         pairs = bag.map_partitions(_run_dofn, transform, window_fn, node.full_label,
                                    side_specs, *side_values)
         main_tag = _main_tag(node)
@@ -208,7 +210,6 @@ class DaskRunner(beam_dask.DaskRunner):
     """Beam's DaskRunner with evalbeam's translation (see the module docstring)."""
 
     def run_pipeline(self, pipeline, options):
-        import dask
         import dask.distributed as ddist
 
         dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
@@ -219,7 +220,11 @@ class DaskRunner(beam_dask.DaskRunner):
         visitor = _BagVisitor(bag_kwargs)
         pipeline.visit(visitor)
         counts = [bag.map_partitions(_count) for bag in visitor.sinks()]
-        futures = client.compute(dask.optimize(*counts))
+        # no graph optimization: dask's bag optimizations fuse a task into its dependents and
+        # make partitions lazy iterators, so a bag read by two consumers (a ParDo's outputs, a
+        # PCollection metered and grouped) was computed once per consumer, or exhausted by the
+        # first; unfused, each PCollection's partition is computed once and shared
+        futures = client.compute(counts, optimize_graph=False)
         return DaskRunnerResult(client, futures)
 
 

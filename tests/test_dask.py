@@ -125,6 +125,13 @@ def _count_per_bundle():
     return CountPerBundle()
 
 
+def _noted(x, path):
+    """x, after appending a line to path: how many times the step ran on x."""
+    with open(path, "a") as out:
+        out.write(f"{x}\n")
+    return x
+
+
 def _dump(values, path):
     import json
 
@@ -134,7 +141,9 @@ def _dump(values, path):
 
 def test_the_translation_keeps_what_beam_s_dask_runner_drops(tmp_path, dask_cluster):
     """The three losses of Beam's own DaskRunner (deploy/dask/repro_*.py), plus side inputs,
-    an empty Create, Flatten and keys Python cannot hash, against what any runner must give."""
+    an empty Create, Flatten and keys Python cannot hash, against what any runner must give;
+    and each step runs once on each element, also when its output is both grouped and read as
+    a side input (dask's graph optimizations would run it once per consumer)."""
     import json
 
     import apache_beam as beam
@@ -149,6 +158,11 @@ def test_the_translation_keeps_what_beam_s_dask_runner_drops(tmp_path, dask_clus
         _ = (split.even | beam.Map(lambda x: (["k", x % 3], x)) | beam.GroupByKey()
              | beam.MapTuple(lambda k, v: (k, sum(v))) | "Groups" >> beam.combiners.ToList()
              | "DumpGroups" >> beam.Map(_dump, tmp_path / "groups"))
+        noted = numbers | "Noted" >> beam.Map(_noted, str(tmp_path / "noted"))
+        _ = (noted | beam.Map(lambda x: (x % 2, x)) | "GroupNoted" >> beam.GroupByKey()
+             | beam.Map(lambda kv, side: (kv[0], len(list(kv[1])), len(side)), beam.pvalue.AsList(noted))
+             | "NotedGroups" >> beam.combiners.ToList()
+             | "DumpNoted" >> beam.Map(_dump, tmp_path / "noted-groups"))
         _ = (numbers | beam.ParDo(_count_per_bundle()) | beam.CombineGlobally(sum)
              | "DumpCount" >> beam.Map(lambda total: _dump([total], tmp_path / "count")))
         side = p | "Side" >> beam.Create(["a", "b"])
@@ -165,4 +179,6 @@ def test_the_translation_keeps_what_beam_s_dask_runner_drops(tmp_path, dask_clus
     assert sorted(map(tuple, [(tuple(k), v) for k, v in read("groups")])) == [
         (("k", r), sum(x for x in range(0, 1000, 2) if x % 3 == r)) for r in range(3)]
     assert read("count") == [1000]
+    assert read("noted-groups") == [[0, 500, 1000], [1, 500, 1000]]
+    assert sorted(map(int, (tmp_path / "noted").read_text().split())) == list(range(1000))
     assert read("sided") == [["a", ["a", "b"], []], ["b", ["a", "b"], []]]
