@@ -15,3 +15,13 @@ def shared_reference():
     if not path.is_dir():
         pytest.skip(f"{path} is absent (it ships beside the project in CI, not in a user's clone)")
     return path
+
+
+# Files that each keep one worker busy for minutes (clusters started, every golden case run as
+# a subprocess): collected first, so that under `--dist loadfile` they start at once instead of
+# leaving one worker alone with them at the end of the run.
+SLOW_FILES = ("test_portable.py", "test_dask.py", "test_golden.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in SLOW_FILES)  # stable: order kept otherwise
