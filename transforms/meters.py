@@ -10,7 +10,10 @@ The meters ride on the stats channel every task already has: ((counter, stage), 
 summed per key, except counters of `Largest` values, which keep their maximum. Bytes are the
 length of the element's pickle (protocol 5), which is what Beam's fallback coder writes for
 these Python objects; with combiner lifting a runner sends fewer bytes into MergeStates than
-its input holds (one accumulator per bundle and key), so its figure is an upper bound.
+its input holds (one accumulator per bundle and key), so its figure is an upper bound. Element
+counts are the same on every runner; bytes can differ by a few between runners (a pickle
+stores a string repeated within one object once, and a state merged in one process shares more
+strings than one whose parts came from several) and between numpy versions.
 """
 
 from __future__ import annotations
@@ -94,5 +97,7 @@ def shuffle_report(stats) -> dict:
     out: dict = {}
     for (counter, stage), value in stats:
         if counter in METER_COUNTERS:
-            out.setdefault(stage, {})[counter.replace("shuffle_", "")] = int(value)
-    return {stage: out[stage] for stage in sorted(out)}
+            out.setdefault(stage, {})[counter] = int(value)
+    return {stage: {counter.replace("shuffle_", ""): out[stage][counter]
+                    for counter in METER_COUNTERS if counter in out[stage]}
+            for stage in sorted(out)}
