@@ -184,8 +184,10 @@ class _BagVisitor(PipelineVisitor):
             # have keys of its own and run the producers, side effects included, once more)
             parts = self.bags[side.pvalue].to_delayed(optimize_graph=False)
             side_values.append(dask.delayed(_concat)(parts))
+        # tasks named after the Beam step, so that dask's dashboard and its errors (a
+        # KilledWorker names the task) point at the step
         pairs = bag.map_partitions(_run_dofn, transform, window_fn, node.full_label,
-                                   side_specs, *side_values)
+                                   side_specs, *side_values, token=_task_name(node.full_label))
         main_tag = _main_tag(node)
         for tag, output in node.outputs.items():
             wanted = MAIN if tag == main_tag else tag
@@ -194,6 +196,10 @@ class _BagVisitor(PipelineVisitor):
     def sinks(self) -> list:
         """Every PCollection that no transform reads: computing them computes the pipeline."""
         return [bag for pcoll, bag in self.bags.items() if pcoll not in self.consumed]
+
+
+def _task_name(label: str) -> str:
+    return "beam:" + "".join(c if c.isalnum() or c in "/()[]_.-" else "_" for c in label)
 
 
 def _main_tag(node):

@@ -89,7 +89,7 @@ def test_a_worker_killed_mid_run_costs_only_time(tmp_path, dask_cluster):
     runner, address = dask_cluster
     flag = tmp_path / "crashed"
     with Client(address) as client:
-        client.register_plugin(CrashOnce(str(flag), "_run_dofn"))
+        client.register_plugin(CrashOnce(str(flag), "beam:"))
         try:
             check_golden_case(tmp_path / "run", runner, "classification_bootstrap")
         finally:
