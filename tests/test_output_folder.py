@@ -238,3 +238,26 @@ def test_an_output_that_is_a_file_is_refused(tmp_path, capsys):
     assert run(data, tmp_path / "out") == 2
     assert "is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "out").read_text() == "a file"
+
+
+def test_parts_are_created_whole(tmp_path):
+    """transforms.io.created_whole: a part that workers write under a fixed name (a retried
+    bundle writes it again) is seen whole or not at all: the old copy stays readable until the
+    new one replaces it, and a write that fails leaves the old copy and no partial file."""
+    from evalbeam.transforms.io import created_whole
+
+    path = str(tmp_path / "part-00001.jsonl")
+    with created_whole(path) as out:
+        out.write(b"first\n")
+    with open(path, "rb") as reader:       # a reader of the first copy, mid-read
+        with created_whole(path) as out:
+            out.write(b"second, longer\n")
+            assert open(path, "rb").read() == b"first\n"   # not truncated while being rewritten
+        assert reader.read() == b"first\n"
+    assert open(path, "rb").read() == b"second, longer\n"
+    with pytest.raises(RuntimeError):
+        with created_whole(path) as out:
+            out.write(b"half")
+            raise RuntimeError("worker lost")
+    assert open(path, "rb").read() == b"second, longer\n"
+    assert sorted(os.listdir(tmp_path)) == ["part-00001.jsonl"]

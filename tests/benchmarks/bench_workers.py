@@ -6,6 +6,7 @@ seconds): each task's benchmark size (segmentation: 2,000 maps, as bench_segment
     pip install -e ".[test,bench]"
     python tests/benchmarks/bench_workers.py                     # every task, 3 repeats, ~25 min
     python tests/benchmarks/bench_workers.py --tasks retrieval --repeats 1
+    python tests/benchmarks/bench_workers.py --tasks segmentation --sizes segmentation=10000
 
 A 2-core machine bounds the ratio by 2; the target is segmentation's 1.69x (issue 19).
 """
@@ -33,7 +34,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "evalbeam-bench"))
     parser.add_argument("--tasks", default=",".join(SIZES))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", default="", help="overrides, e.g. segmentation=10000")
     args = parser.parse_args(argv)
+    for item in filter(None, args.sizes.split(",")):
+        task, n = item.split("=")
+        SIZES[task] = int(n)
     output = os.path.join(args.workdir, "worker-runs", "run")
     times: dict = {}
     for repeat in range(args.repeats):
