@@ -15,15 +15,14 @@ This module keeps Beam's DoFn invocation machinery and replaces the translation:
 pairs that each output filters (dask computes it once, since all sinks are computed together);
 a partition is one bundle, finish_bundle's outputs included; side inputs are delayed lists
 the reading tasks depend on, not bags computed from inside a running task (which blocks a
-worker thread); GroupByKey groups on a digest of the pickled key, as Beam groups on the encoded
-key, so keys Python cannot hash group too; every PCollection that nothing consumes is
+worker thread); GroupByKey groups on the pickled key, as Beam groups on the encoded key, so keys
+Python cannot hash group too; every PCollection that nothing consumes is
 computed, reduced to its element count so no data travels to the client.
 The other runners do not see any of this: it is chosen only by `--runner DaskRunner`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import pickle
@@ -103,24 +102,17 @@ def _value(pair):
     return pair[1]
 
 
-def _key_digest(windowed) -> int:
-    """A process-independent partitioning key: Python's hash() of a str differs between worker
-    processes, which would split one Beam key over several groups."""
-    return int.from_bytes(hashlib.blake2b(pickle.dumps(windowed.value[0], protocol=4),
-                                          digest_size=8).digest(), "big")
+def _encoded_key(windowed) -> bytes:
+    """The key of a WindowedValue((key, reified value)) as Beam groups it, by its encoding (a
+    pickle here): keys Python cannot hash group too."""
+    return pickle.dumps(windowed.value[0], protocol=4)
 
 
 def _group_partition(pairs):
-    """(digest, [WindowedValue((key, reified value)), ...]) pairs to (key, [reified values])
-    WindowedValues; keys that share a digest are told apart by equality."""
-    out = []
-    for _, members in pairs:
-        groups: dict = {}
-        for windowed in members:
-            key, value = windowed.value
-            groups.setdefault(pickle.dumps(key, protocol=4), (key, []))[1].append(value)
-        out.extend(_global((key, values)) for key, values in groups.values())
-    return out
+    """(encoded key, [WindowedValue((key, reified value)), ...]) pairs to WindowedValues of
+    (key, [reified values])."""
+    return [_global((members[0].value[0], [windowed.value[1] for windowed in members]))
+            for _, members in pairs]
 
 
 def _concat(partitions) -> list:
@@ -156,7 +148,7 @@ class _BagVisitor(PipelineVisitor):
         elif isinstance(transform, beam.ParDo):
             self._publish_pardo(node, in_bags[0])
         elif isinstance(transform, _GroupByKeyOnly):
-            grouped = in_bags[0].groupby(_key_digest, shuffle="tasks")
+            grouped = in_bags[0].groupby(_encoded_key, shuffle="tasks")
             self._publish(node, grouped.map_partitions(_group_partition))
         elif isinstance(transform, _Flatten):
             self._publish(node, db.concat(in_bags) if in_bags

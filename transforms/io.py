@@ -729,24 +729,36 @@ def _write_all(_, records, path: str, sort_key) -> int:
     return write_jsonl(list(records), path, sort_key)
 
 
+def is_local(path: str) -> bool:
+    """A path on this machine's file system (not an object store URI such as gs://)."""
+    return "://" not in path
+
+
 @contextlib.contextmanager
-def created_whole(path: str):
-    """A binary stream that writes path, which readers see whole or not at all. Workers write
-    their parts under names fixed by the shard, and a retried bundle (a lost worker on Dask or
-    Dataflow) writes the same name again while a reader of the first copy may still read it:
-    on a local disk the bytes go to a sibling file renamed over path at the end (atomic on
-    POSIX); an object store shows an object only once it is whole, so there path is written."""
-    local = "://" not in path
-    target = f"{path}.{uuid.uuid4().hex[:8]}.partial" if local else path
-    try:
-        with FileSystems.create(target) as out:
+def created_whole(path: str, sync: bool = False):
+    """A binary stream that writes path, which readers (and a kill) see whole or not at all.
+    Workers write their parts under names fixed by the shard, and a retried bundle (a lost
+    worker on Dask or Dataflow) writes the same name again while a reader of the first copy may
+    still read it; run.json is replaced while a run is watched. On a local disk the bytes go to
+    a sibling file renamed over path at the end (atomic on POSIX; sync: fsync'd first); an
+    object store shows an object only once it is whole, so there path is written directly."""
+    if not is_local(path):
+        with FileSystems.create(path) as out:
             yield out
+        return
+    partial = f"{path}.{uuid.uuid4().hex[:8]}.partial"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)   # as FileSystems.create does
+    try:
+        with open(partial, "wb") as out:
+            yield out
+            out.flush()
+            if sync:
+                os.fsync(out.fileno())
     except BaseException:
-        if local and os.path.exists(target):
-            os.remove(target)
+        if os.path.exists(partial):
+            os.remove(partial)
         raise
-    if local:
-        os.replace(target, path)
+    os.replace(partial, path)
 
 
 def write_jsonl(records: list, path: str, sort_key=None) -> int:

@@ -30,7 +30,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from evalbeam.transforms.io import InputError, join, read_json
+from evalbeam.transforms.io import InputError, created_whole, is_local, join, read_json
 from evalbeam.transforms.meters import METER_COUNTERS, shuffle_report
 
 WRITTEN_BY = "evalbeam"
@@ -46,19 +46,15 @@ EXIT_CODES = {COMPLETE: EXIT_OK, WITH_REJECTIONS: EXIT_REJECTED, INCOMPLETE: EXI
               FAILED: EXIT_FAILED}
 
 
-def _local(path: str) -> bool:
-    return "://" not in path
-
-
 def _same_file(a: str, b: str) -> bool:
-    if _local(a) and _local(b):
+    if is_local(a) and is_local(b):
         return os.path.realpath(a) == os.path.realpath(b)
     return a.rstrip("/") == b.rstrip("/")
 
 
 def _size(path: str) -> int | None:
     """Size in bytes of the file at path, None when there is no such file."""
-    if _local(path):
+    if is_local(path):
         return os.path.getsize(path) if os.path.isfile(path) else None
     try:
         found = FileSystems.match([path])[0].metadata_list
@@ -68,26 +64,16 @@ def _size(path: str) -> int | None:
 
 
 def _exists(path: str) -> bool:
-    if _local(path):
+    if is_local(path):
         return os.path.lexists(path)
     return FileSystems.exists(path)
 
 
 def write_json_atomic(obj, path: str) -> None:
-    """Write JSON so that a reader (or a kill) sees the old file or the new one, never half:
-    a sibling file renamed over the target (atomic on POSIX); object stores make an object
-    visible only once it is whole, so there the file is written directly."""
-    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    if not _local(path):
-        with FileSystems.create(path) as out:
-            out.write(data)
-        return
-    partial = f"{path}.{uuid.uuid4().hex[:8]}.partial"
-    with open(partial, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
+    """Write JSON so that a reader (or a kill) sees the old file or the new one, never half
+    (transforms.io.created_whole, fsync'd)."""
+    with created_whole(path, sync=True) as out:
+        out.write((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def _read_own_run_json(path: str) -> dict | None:
@@ -148,11 +134,11 @@ class OutputFolder:
                         f"the input {path} is the file {name} of the output folder, which a run "
                         f"replaces: move the input elsewhere or choose another --output. evalbeam "
                         "never removes an input.")
-            if _local(path) and os.path.basename(os.path.dirname(os.path.realpath(path))
+            if is_local(path) and os.path.basename(os.path.dirname(os.path.realpath(path))
                                                  ).startswith(TEMP_PREFIX):
                 raise InputError(f"the input {path} lies in a temporary folder of evalbeam, "
                                  "which a later run removes: move it elsewhere.")
-        if _local(self.folder) and os.path.exists(self.folder) and not os.path.isdir(self.folder):
+        if is_local(self.folder) and os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise InputError(f"--output {self.folder} is a file, not a folder: name a folder "
                              "(it is created if needed).")
         try:
@@ -202,7 +188,7 @@ class OutputFolder:
             raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
 
     def _temp_folders(self) -> list[str]:
-        if _local(self.folder):
+        if is_local(self.folder):
             return [join(self.folder, n) for n in sorted(os.listdir(self.folder))
                     if n.startswith(TEMP_PREFIX) and n != os.path.basename(self.tmp)]
         try:
