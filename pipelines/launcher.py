@@ -31,6 +31,7 @@ import apache_beam as beam
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, make_pipeline,
                                        parse_models, parse_slices, quiet_logs, rejection_message,
                                        safe_beam_args, say_error, split_beam_args, versions)
+from evalbeam.transforms.line_spans import SPLIT_BYTES
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # the spec calls the launcher (TaskSpec.run), not the other way round
@@ -62,6 +63,8 @@ def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True, p
     beam_args = split_beam_args(rest)
     if args.num_shards is not None and args.num_shards < 1:
         raise UsageError("--num_shards must be 1 or more")
+    if args.input_split_bytes < 0:
+        raise UsageError("--input_split_bytes must be 0 (no splitting) or more")
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UsageError("--max_rejected_fraction must lie in [0, 1]")
     models = parse_models(args.predictions)
@@ -137,6 +140,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "truth metadata keys (repeatable)")
     parser.add_argument("--num_shards", type=int, default=None,
                         help="number of datum shards (default: from the input size)")
+    parser.add_argument("--input_split_bytes", type=int, default=SPLIT_BYTES, metavar="N",
+                        help="read an uncompressed JSONL or TREC file larger than this in byte "
+                             "spans, on several workers at once (default 64 MiB; 0: each file by "
+                             "one worker)")
     parser.add_argument("--max_rejected_fraction", type=float, default=0.0, metavar="F",
                         help="exit 0 even if up to this fraction of rows was rejected (default 0)")
     parser.add_argument("--overwrite", action="store_true",
@@ -362,7 +369,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from evalbeam.transforms.evaluated import FilesJob
-    from evalbeam.transforms.io import InputError, read_json
+    from evalbeam.transforms.io import InputError, read_json, split_inputs
     from evalbeam.transforms.outputs import EXIT_CODES, RUNNING
 
     try:
@@ -388,6 +395,7 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
               f"on {run_info['runner']}", file=sys.stderr)
     try:
         pipeline = make_pipeline(options)
+        split_inputs(pipeline, args.input_split_bytes)
         job = FilesJob(sources, tuple(sorted(models)), tuple(slices), num_shards, args.quiet,
                        started, folder.temp, args.uncertainty, args.compare_to)
         build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction,

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary")
     parser.add_argument("--num_shards", type=int, default=None,
                         help="datum shards of every cell (default: per dataset, from its size)")
+    parser.add_argument("--input_split_bytes", type=int, default=None, metavar="N",
+                        help="read an uncompressed JSONL or TREC file larger than this in byte "
+                             "spans, on several workers at once (default 64 MiB; 0: each file by "
+                             "one worker)")
     sweep_finishing.add_arguments(parser)
     return parser
 
@@ -216,6 +220,8 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
             argv += option_args(cell.options, parser, where) + common
             if sweep_args.num_shards:
                 argv += ["--num_shards", str(sweep_args.num_shards)]
+            if sweep_args.input_split_bytes is not None:
+                argv += ["--input_split_bytes", str(sweep_args.input_split_bytes)]
             judged = cell.task == "text" and bool(manifest.judge)
             if judged:
                 # the endpoint is checked once, after the sweep knows a judge cell will run
@@ -491,11 +497,13 @@ def execute(plans: list[Plan], beam_args: list[str], quiet: bool, started: float
 
     from evalbeam.pipelines.common import make_pipeline
     from evalbeam.pipelines.launcher import _multi_process, failure_of, worker_stderr_filtered
+    from evalbeam.transforms.io import split_inputs
 
     if not plans:
         return None
     options = PipelineOptions(plans[0].beam_args)
     pipeline = make_pipeline(options)
+    split_inputs(pipeline, plans[0].args.input_split_bytes)
     _split_judge_rates(plans)
     try:
         _add_cells(pipeline, plans, started, sidecars)

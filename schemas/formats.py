@@ -57,8 +57,10 @@ def too_long_reason(limit: int) -> str:
 
 
 def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: int | None = None,
-                 ) -> Iterator[tuple[bytes, int]]:
+                 first_line: int = 1) -> Iterator[tuple[bytes, int]]:
     """Split a stream into blocks of whole lines: yields (bytes, number of the block's first line).
+    first_line: the number of the stream's first line (a span of a file,
+    transforms/line_spans.py).
 
     A line longer than max_line_bytes (default schemas.safe_json.MAX_ROW_BYTES), newline not
     counted, is yielded alone as a SkippedLine and its bytes are read and dropped, so memory stays
@@ -66,7 +68,7 @@ def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: i
     included)."""
     if max_line_bytes is None:
         max_line_bytes = MAX_ROW_BYTES
-    line = 1
+    line = first_line
     rest = b""          # the start of a line whose end has not been read yet
     skipping = False    # inside a line already known to be too long
     while True:

@@ -107,17 +107,21 @@ def format_of(path: str) -> str:
     return "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "trec"
 
 
-def parse_qrels(data: bytes, fmt: str) -> tuple[QrelsColumns, list[tuple[int, str]]]:
-    """Qrels columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl".
-    Repeated (query, doc) pairs are kept: see duplicate_groups."""
-    blocks = _read(data, fmt, "qrels")
+def parse_qrels(data: bytes, fmt: str, first_line: int = 1,
+                ) -> tuple[QrelsColumns, list[tuple[int, str]]]:
+    """Qrels columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl"; first_line:
+    the number of the bytes' first line (a span of a file). Repeated (query, doc) pairs are
+    kept: see duplicate_groups."""
+    blocks = _read(data, fmt, "qrels", first_line)
     return QrelsColumns(*_concat(blocks, np.int64)), sorted(r for b in blocks for r in b[4])
 
 
-def parse_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
-    """Run columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl".
-    Repeated (query, doc) pairs are kept: see duplicate_groups."""
-    blocks = _read(data, fmt, "run")
+def parse_run(data: bytes, fmt: str, first_line: int = 1,
+                ) -> tuple[RunColumns, list[tuple[int, str]]]:
+    """Run columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl"; first_line:
+    the number of the bytes' first line (a span of a file). Repeated (query, doc) pairs are
+    kept: see duplicate_groups."""
+    blocks = _read(data, fmt, "run", first_line)
     return RunColumns(*_concat(blocks, np.float64)), sorted(r for b in blocks for r in b[4])
 
 
@@ -141,7 +145,7 @@ def read_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
 _Block = tuple
 
 
-def _read(data: bytes, fmt: str, kind: str) -> list[_Block]:
+def _read(data: bytes, fmt: str, kind: str, first_line: int = 1) -> list[_Block]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     if isinstance(data, str):
@@ -149,7 +153,7 @@ def _read(data: bytes, fmt: str, kind: str) -> list[_Block]:
     data = bytes(data)
     fast, slow = ((_trec_fast, _trec_slow) if fmt == "trec" else (_jsonl_fast, _jsonl_slow))
     blocks = []
-    line = 1
+    line = first_line      # a span of a file starts at its own line (transforms/line_spans.py)
     start = 0
     while start < len(data):
         end = data.find(b"\n", min(start + BLOCK_BYTES, len(data)) - 1)

@@ -136,11 +136,13 @@ def slice_value_problem(key: str, value) -> str | None:
 
 
 def iter_lines(stream: BinaryIO, max_line_bytes: int, chunk_size: int = 8 << 20,
-               ) -> Iterator[tuple[int, bytes | None]]:
+               first_line: int = 1) -> Iterator[tuple[int, bytes | None]]:
     """(1-based line number, line bytes without the newline) of every line of a stream; None
     instead of the bytes for a line longer than max_line_bytes, which is skipped without being
-    held in memory. A UTF-8 byte order mark at the start is dropped."""
-    number, rest, skipping, first = 1, b"", False, True
+    held in memory. A UTF-8 byte order mark at the start of a file is dropped. first_line: the
+    number of the stream's first line (a span of a file, transforms/line_spans.py); a BOM is
+    only looked for on line 1."""
+    number, rest, skipping, first = first_line, b"", False, first_line == 1
     while True:
         chunk = stream.read(chunk_size)
         if not chunk:

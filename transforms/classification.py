@@ -36,7 +36,8 @@ from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
                                     ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
-                                    open_input, qualified, role_of, shard_range, truth_of)
+                                    line_splittable, open_input, open_span, qualified, role_of,
+                                    shard_range, span_of, span_text, truth_of)
 from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, datum_correct,
@@ -629,8 +630,12 @@ class ReadClassificationFile(ProgressDoFn):
         self.slice_keys = slice_keys
         self.num_shards = num_shards
 
+    def splits(self, path: str) -> bool:
+        """Whether ReadFiles may hand this reader byte spans of the file (JSONL, not Parquet)."""
+        return format_of(path) != "parquet" and line_splittable(path)
+
     def process(self, element):
-        name, file_id = element
+        name, file_id, start, end, first_line = span_of(element)
         source = self.sources[name]
         path = source.files[file_id]
         schema = self.schemas[name]
@@ -638,12 +643,13 @@ class ReadClassificationFile(ProgressDoFn):
         slice_keys = self.slice_keys if is_truth(name) else []
         first, count = shard_range(self.layout, name, self.num_shards)
         read = 0
-        with open_input(path) as stream:
+        path_text = path + span_text(start, end)
+        with open_span(path, start, end) as stream:
             if format_of(path) == "parquet":
                 tables = ((table, []) for table in parquet_tables(stream, schema, slice_keys))
             else:
-                tables = (parse_jsonl_block(block, first, schema, slice_keys)
-                          for block, first in jsonl_blocks(stream))
+                tables = (parse_jsonl_block(block, line, schema, slice_keys)
+                          for block, line in jsonl_blocks(stream, first_line=first_line))
             for table, unparsed in tables:
                 rows, rejects = self.validate(table, file_id)
                 for line, reason in unparsed:
@@ -660,8 +666,8 @@ class ReadClassificationFile(ProgressDoFn):
                 yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
                 for shard, piece in rows.partition(count).items():
                     yield first + shard, (name, piece)
-                self.progress.say(path, f"read {read:,} rows of {path}")
-        self.progress.say(path, f"read {read:,} rows of {path}, done", force=True)
+                self.progress.say(path, f"read {read:,} rows of {path_text}")
+        self.progress.say(path, f"read {read:,} rows of {path_text}, done", force=True)
 
 
 class ReadClassificationFiles(beam.PTransform):

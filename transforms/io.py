@@ -30,6 +30,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.internal import pickler
 
 from evalbeam.schemas.formats import format_of, position_name
+from evalbeam.transforms.line_spans import (SPLIT_BYTES, LineSpan, count_newlines, first_lines,
+                                            plan_spans, span_of)
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES
 
@@ -183,6 +185,25 @@ def open_input(path: str):
     if kind not in _DECOMPRESSORS:
         return raw
     return _Checked(path, _DECOMPRESSORS[kind](raw))
+
+
+def open_span(path: str, start: int = 0, end: int | None = None):
+    """open_input(path) for a whole file (end None), else a LineSpan of the lines of the
+    (uncompressed) file that start in bytes [start, end): transforms/line_spans.py."""
+    if end is None:
+        return open_input(path)
+    check_regular_file(path)
+    return LineSpan(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED),
+                    start, end)
+
+
+def line_splittable(path: str) -> bool:
+    """Whether a JSONL or TREC input can be read in byte spans: uncompressed."""
+    return CompressionTypes.detect_compression_type(path) == CompressionTypes.UNCOMPRESSED
+
+
+def file_size(path: str) -> int:
+    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
 
 
 @dataclass(frozen=True)
@@ -369,12 +390,17 @@ class ReadRowFile(ProgressDoFn):
     def pieces(self, name, rows, positions, rejected, path, file_id, where):
         raise NotImplementedError
 
+    def splits(self, path: str) -> bool:
+        """Whether ReadFiles may hand this reader byte spans of the file (JSONL, not Parquet)."""
+        return format_of(path) != "parquet" and line_splittable(path)
+
     def process(self, element):
-        name, file_id = element
+        name, file_id, start, end, first_line = span_of(element)
         path = self.sources[name].files[file_id]
-        rows, positions, rejected = parse_rows(path)
+        rows, positions, rejected = parse_rows(path, span=(start, end, first_line))
         yield from self.pieces(name, rows, positions, rejected, path, file_id, position_name(path))
-        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}", force=True)
+        self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}"
+                                f"{span_text(start, end)}", force=True)
 
 
 class RowsFromDicts(beam.DoFn):
@@ -396,6 +422,12 @@ SHARD_PIECE = typing.Tuple[int, typing.Any]
 class ReadFiles(beam.PTransform):
     """Every file of every source, read by `reader` (a DoFn of (source name, file id)): the
     main output "pieces" of (shard, (source, rows)) and the reader's tagged outputs.
+
+    A reader with a splits(path) method that says yes gets a file larger than the pipeline's
+    split size (split_inputs; default 64 MiB) as several elements (source name, file id,
+    start, end, first line), one per byte span, so that several workers read one large file;
+    line numbers stay the whole file's (transforms/line_spans.py). Small files keep the
+    graph of one element per file.
 
     In a pipeline marked by share_reads() (a sweep: many runs in one pipeline), a source that
     several jobs read is read on its own, and a later ReadFiles that reads it with an equal
@@ -449,13 +481,47 @@ class ReadFiles(beam.PTransform):
         return reader
 
     def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
-        files = [(name, i) for name, source in sorted(sources.items())
-                 for i in range(len(source.files))]
-        return (pbegin
-                | f"Files{suffix}" >> beam.Create(files)
+        split = getattr(pbegin.pipeline, INPUT_SPLIT, SPLIT_BYTES)
+        files, spans = [], []
+        for name, source in sorted(sources.items()):
+            for i, path in enumerate(source.files):
+                cuts = (plan_spans(file_size(path), split)
+                        if split > 0 and getattr(reader, "splits", lambda _: False)(path) else [])
+                if len(cuts) > 1:
+                    spans += [(name, i, start, end) for start, end in cuts]
+                else:
+                    files.append((name, i))
+        elements = pbegin | f"Files{suffix}" >> beam.Create(files)
+        if spans:
+            elements = (elements, _numbered_spans(pbegin, spans, sources, suffix)) | (
+                f"AllFiles{suffix}" >> beam.Flatten())
+        return (elements
                 | f"Spread{suffix}" >> beam.Reshuffle()  # lets a cluster read different files at once
                 | f"Read{suffix}" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
                 .with_outputs(*self.tags, main="pieces"))
+
+
+def _numbered_spans(pbegin, spans: list, sources: dict, suffix: str):
+    """(name, file id, start, end, first line) of every span: the spans' newlines are counted
+    in parallel, then numbered from the counts (transforms/line_spans.py)."""
+    spread = (pbegin
+              | f"Spans{suffix}" >> beam.Create(spans)
+              | f"SpreadSpans{suffix}" >> beam.Reshuffle())
+    counts = spread | f"CountLines{suffix}" >> beam.Map(_count_span, sources)
+    return spread | f"NumberSpans{suffix}" >> beam.Map(_numbered, beam.pvalue.AsList(counts))
+
+
+def _count_span(span: tuple, sources: dict):
+    name, file_id, start, end = span
+    path = sources[name].files[file_id]
+    check_regular_file(path)
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        return (name, file_id, start), count_newlines(raw, start, end)
+
+
+def _numbered(span: tuple, counts: list) -> tuple:
+    name, file_id, start, end = span
+    return name, file_id, start, end, first_lines(counts)[(name, file_id, start)]
 
 
 def _reader_digest(reader: beam.DoFn) -> str:
@@ -537,6 +603,7 @@ def _counter_in(pair, dataset: str):
 
 
 SHARED_READS = "_evalbeam_shared_reads"
+INPUT_SPLIT = "_evalbeam_input_split"
 READ_USES = "_evalbeam_read_uses"
 
 
@@ -547,6 +614,13 @@ def share_reads(pipeline, uses: dict | None = None) -> None:
     own, to be shared)."""
     setattr(pipeline, SHARED_READS, {})
     setattr(pipeline, READ_USES, dict(uses or {}))
+
+
+def split_inputs(pipeline, split_bytes: int) -> None:
+    """Set the size above which ReadFiles reads a line-based file (JSONL, TREC, uncompressed)
+    in byte spans, each its own element (transforms/line_spans.py); 0: every file whole.
+    Default line_spans.SPLIT_BYTES."""
+    setattr(pipeline, INPUT_SPLIT, int(split_bytes))
 
 
 class SharedRead:
@@ -564,20 +638,28 @@ class SharedRead:
         return self._outputs[tag]
 
 
-def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES):
+def span_text(start: int, end: int | None) -> str:
+    """How progress names a span of a file: "" for the whole file."""
+    return "" if end is None else f" (bytes {start:,} to {end:,})"
+
+
+def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES, span: tuple = (0, None, 1)):
     """(rows, positions, [(position, None, reason)]) of a whole JSONL (line numbers) or Parquet
-    (row numbers) file, for row formats with nested values (detection, segmentation). JSONL
-    lines are parsed by schemas.safe_json.loads_row: a line too long, too deeply nested, not JSON
-    or holding a lone surrogate is rejected with its reason."""
+    (row numbers) file, for row formats with nested values (detection, segmentation), or of
+    the JSONL lines that start in a byte span: span (start, end, number of its first line),
+    end None for the whole file (transforms/line_spans.py). JSONL lines are parsed by
+    schemas.safe_json.loads_row: a line too long, too deeply nested, not JSON or holding a lone
+    surrogate is rejected with its reason."""
     from evalbeam.schemas.safe_json import iter_lines, loads_row
 
+    start, end, first_line = span
     rows, positions, rejected = [], [], []
-    with open_input(path) as stream:
+    with open_span(path, start, end) as stream:
         if format_of(path) == "parquet":
             import pyarrow.parquet as pq
 
             return _parquet_rows(pq.read_table(stream))
-        for number, raw in iter_lines(stream, max_row_bytes):
+        for number, raw in iter_lines(stream, max_row_bytes, first_line=first_line):
             if raw is None:
                 rejected.append((number, None, f"line longer than {max_row_bytes:,} bytes"))
                 continue

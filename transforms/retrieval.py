@@ -45,8 +45,8 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
-                                    created_whole, join, merge_sorted_parts, open_input,
-                                    read_pcollections)
+                                    created_whole, join, line_splittable, merge_sorted_parts,
+                                    open_input, open_span, read_pcollections, span_of, span_text)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
 from evalbeam.transforms.merge import merged_records
@@ -222,15 +222,20 @@ class ReadRetrievalFile(ProgressDoFn):
         self.pieces_dir = pieces_dir
         self.excluded = excluded or {}
 
+    def splits(self, path: str) -> bool:
+        """Whether ReadFiles may hand this reader byte spans of the file (TREC and JSONL are
+        both line-based)."""
+        return line_splittable(path)
+
     def process(self, element):
-        name, file_id = element
+        name, file_id, start, end, first_line = span_of(element)
         path = self.sources[name].files[file_id]
-        # open_input: a truncated or corrupt compressed file raises ReadError (an input error)
-        # instead of reading as a shorter file.
-        with open_input(path) as stream:
+        # open_input (through open_span): a truncated or corrupt compressed file raises
+        # ReadError (an input error) instead of reading as a shorter file.
+        with open_span(path, start, end) as stream:
             data = stream.read()
         parse = parse_qrels if name == GROUNDTRUTHS else parse_run
-        columns, rejects = parse(data, format_of(path))
+        columns, rejects = parse(data, format_of(path), first_line)
         del data
         excluded = self.excluded.get(file_id) if name == GROUNDTRUTHS else None
         if excluded:
@@ -244,11 +249,12 @@ class ReadRetrievalFile(ProgressDoFn):
         for shard, index in _split_by_query(columns, self.num_shards).items():
             piece = _take(columns, index)
             if self.pieces_dir is not None:
-                piece_path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}.arrow")
+                piece_path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}-{start}.arrow")
                 write_piece(piece, piece_path)
                 piece = piece_path
             yield shard, (name, file_id, piece, None)
-        self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}", force=True)
+        self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}"
+                                f"{span_text(start, end)}", force=True)
 
 
 class RetrievalRowsFromDicts(beam.DoFn):
@@ -305,6 +311,11 @@ def _concat(pieces):
                        pa.chunked_array([c for p in pieces for c in p.doc.chunks], first.doc.type),
                        np.concatenate([getattr(p, value) for p in pieces]),
                        np.concatenate([p.line for p in pieces]))
+
+
+def _piece_order(piece) -> tuple:
+    source, file_id, columns, _ = piece
+    return source, file_id, int(columns.line[0]) if len(columns) else 0
 
 
 def unique_pairs(source: str, files: tuple | None, parts: list):
@@ -366,10 +377,13 @@ class MatchRetrieval(ProgressDoFn):
         shard, pieces = element
         by_source: dict = {}
         row_slices = []
-        # Pieces arrive in any order; sorted by file they make the same columns every time.
-        for source, file_id, columns, piece_slices in sorted(pieces, key=lambda piece: (piece[0], piece[1])):
-            if isinstance(columns, str):      # a piece spilled to an Arrow IPC file
-                columns = read_piece(columns, source == GROUNDTRUTHS)
+        # a piece spilled to an Arrow IPC file travels as its path
+        loaded = [(source, file_id, read_piece(columns, source == GROUNDTRUTHS)
+                   if isinstance(columns, str) else columns, piece_slices)
+                  for source, file_id, columns, piece_slices in pieces]
+        # Pieces arrive in any order; sorted by file and line (a file read in byte spans gives
+        # several pieces) they make the same columns every time.
+        for source, file_id, columns, piece_slices in sorted(loaded, key=_piece_order):
             by_source.setdefault(source, []).append((file_id, columns))
             if piece_slices is not None:
                 row_slices.append((columns.query.to_pylist(), piece_slices))
