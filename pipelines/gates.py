@@ -39,7 +39,9 @@ GATES_JSON = "gates.json"
 # them guards an improvement, which is refused as a likely mistake. Everything else in
 # evalbeam's outputs is better when higher, except where neither holds (UNDIRECTED).
 LOWER_IS_BETTER = {"ECE", "MCE", "BrierScore", "Hallucination", "Bias", "Toxicity", "Sexism",
-                   "Stereotypes", "ContactInformation", "LanguageMismatch"}
+                   "Stereotypes", "ContactInformation", "LanguageMismatch", "Perplexity",
+                   "GPTScoreTranslation", "GPTScoreSummarization", "GPTScoreQA",
+                   "GPTScoreSummarizationNoReference"}
 LOWER_IS_BETTER_FIELDS = {"fail", "retrieval_failure", "generation_failure", "parse_failure",
                           "longest_repeated_substring", "compression_ratio"}
 UNDIRECTED = {"Queries", "Counts", "SummaryCoherence"}

@@ -31,6 +31,10 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--judge_model", default="gpt-4o-mini", help="judge model (default gpt-4o-mini)")
     g.add_argument("--judge_embedding_model", default="text-embedding-3-small",
                    help="model of /embeddings for the similarity metrics (default text-embedding-3-small)")
+    g.add_argument("--judge_lm_model", default="gpt2-medium", metavar="MODEL",
+                   help="completions model whose prompt log-probabilities (/completions with echo "
+                        "and logprobs: vLLM, llama.cpp's server) score Perplexity and the GPTScore "
+                        "metrics (default gpt2-medium)")
     g.add_argument("--judge_api_key_env", default=None, metavar="NAME",
                    help=f"name of the environment variable holding the API key (default {DEFAULT_KEY_ENV}, "
                         "sent when set); the key itself is never an option. A variable named here "
@@ -137,6 +141,7 @@ def judge_setup(args, beam_args: list[str]):
         dry_run=args.judge_dry_run)
     config = JudgeMetricConfig(
         model=args.judge_model, embedding_model=args.judge_embedding_model,
+        lm_model=args.judge_lm_model,
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
         both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),
@@ -245,7 +250,8 @@ def judge_options_info(settings, config, journal: str) -> dict:
     from evalbeam.transforms.judge.journal import endpoint_host
 
     return {"endpoint_host": endpoint_host(settings.url), "model": config.model,
-            "embedding_model": config.embedding_model, "api_key_env": settings.api_key_env,
+            "embedding_model": config.embedding_model, "lm_model": config.lm_model,
+            "api_key_env": settings.api_key_env,
             "rpm": settings.rpm, "tpm": settings.tpm, "concurrency": settings.concurrency,
             "workers": settings.workers, "timeout_s": settings.timeout_s, "deadline_s": settings.deadline_s,
             "max_attempts": settings.max_attempts, "temperature": config.temperature, "seed": config.seed,

@@ -5,7 +5,8 @@
         [--timeout_fault_s T] [--fault_retry_after_ms MS]
     (the dashed spellings --latency-ms, --fault-rate, ... of earlier versions still work)
 
-Endpoints: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models (every path also
+Endpoints: POST /v1/chat/completions, POST /v1/completions (echo + logprobs: prompt
+log-probabilities), POST /v1/embeddings, GET /v1/models (every path also
 without /v1), GET /stats, POST /stats/reset.
 Tests use `StandInServer` (a context manager running the app on 127.0.0.1 in a background thread).
 
@@ -48,8 +49,9 @@ import time
 
 from aiohttp import web
 
-from evalbeam.transforms.judge.stand_in import (canonical_hash, chat_payload, embeddings_payload,
-                                                validate_chat, validate_embeddings)
+from evalbeam.transforms.judge.stand_in import (canonical_hash, chat_payload, completions_payload,
+                                                embeddings_payload, validate_chat,
+                                                validate_completions, validate_embeddings)
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "truncated")
 PERMANENT_MODELS = ("fail-400", "fail-401", "fail-403", "fail-404", "quota")
@@ -225,7 +227,8 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
         kind = "server_error" if status == 500 else "service_unavailable"
         return _json_response(state, status, error_body(f"Injected {status}.", kind, kind))
 
-    problem = validate_chat(body) if endpoint == "chat" else validate_embeddings(body)
+    problem = {"chat": validate_chat, "completions": validate_completions,
+               "embeddings": validate_embeddings}[endpoint](body)
     if problem:
         return _json_response(state, 400, error_body(problem, "invalid_request_error",
                                                      "invalid_request"), {"x-should-retry": "false"})
@@ -236,6 +239,8 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
     request_hash = canonical_hash(body)
     if endpoint == "chat":
         payload, broken = chat_payload(body, request_hash, fault, state.answer)
+    elif endpoint == "completions":
+        payload, broken = completions_payload(body, fault)
     else:
         payload, broken = embeddings_payload(body, fault)
     return _json_response(state, 200, payload, {"x-request-id": "req-" + request_hash[:16]},
@@ -244,6 +249,10 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
 
 async def _chat(request):
     return await _api(request, "chat")
+
+
+async def _completions(request):
+    return await _api(request, "completions")
 
 
 async def _embeddings(request):
@@ -273,6 +282,8 @@ def build_app(state: JudgeState) -> web.Application:
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/chat/completions", _chat)  # clients configured without the /v1 prefix
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/completions", _completions)
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/embeddings", _embeddings)
     app.router.add_get("/v1/models", _models)

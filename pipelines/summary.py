@@ -153,7 +153,8 @@ def text_summary(metrics_path: str, counts: dict) -> str:
         cells = found.setdefault((record["model"], where), {})
         kind, value = record["type"], record["value"]
         if "counts" in record:   # a judge metric: one line each, below
-            name = kind + (f" ({record['parameters']['template']})" if "template" in record["parameters"] else "")
+            label = record["parameters"].get("template") or record["parameters"].get("aspect")
+            name = kind + (f" ({label})" if label else "")
             n = sum(record["counts"].values())
             others = ", ".join(f"{k} {v}" for k, v in record["counts"].items() if k != "ok")
             judged.append([record["model"], where, name, "" if value is None else f"{value:.4f}",

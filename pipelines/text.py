@@ -16,7 +16,7 @@ from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.judge_options import add_judge_arguments
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
-from evalbeam.transforms.judge.metrics import JUDGE_METRICS
+from evalbeam.transforms.judge.metrics import JUDGE_METRICS, LIKELIHOOD_METRICS
 from evalbeam.transforms.kernels.text import LOCAL_METRICS, TextConfig
 
 TASK = "text"
@@ -29,7 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--metrics", default="all", metavar="NAMES",
                         help="metric types, comma-separated, or 'all' (default: every local metric, "
                              "plus every judge metric when --judge_url is given, BYOP with "
-                             f"--judge_byop): {', '.join(METRICS)}")
+                             "--judge_byop; the log-likelihood metrics, which need a completions "
+                             f"model (--judge_lm_model), only by name): {', '.join(METRICS)}")
     parser.add_argument("--rouge_types", default="rouge1,rouge2,rougeL,rougeLsum", metavar="TYPES",
                         help="ROUGE types (rougeN, rougeL, rougeLsum; default all four)")
     parser.add_argument("--rouge_use_stemmer", action="store_true",
@@ -41,12 +42,13 @@ def add_arguments(parser) -> None:
 
 def parse_metrics(text: str, judge: bool = False, byop: bool = False) -> frozenset:
     """The metric names asked; 'all' is every local metric, plus the judge metrics when a judge
-    is configured (BYOP only with templates)."""
+    is configured (BYOP only with templates; the log-likelihood metrics only by name: a chat
+    judge's endpoint usually cannot echo prompt log-probabilities)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
         wanted = set(LOCAL_METRICS)
         if judge:
-            wanted |= set(JUDGE_METRICS) - ({"BYOP"} if not byop else set())
+            wanted |= set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS) - ({"BYOP"} if not byop else set())
         return frozenset(wanted)
     unknown = sorted(set(names) - set(METRICS))
     if unknown or not names:

@@ -40,6 +40,11 @@ Per call:
   estimate; x-ratelimit-* headers may pause the limiter.
 - Embedding requests (request.kind "embedding") POST {url}/embeddings with {"model", "input"} and
   end ok with the vector as content; the same retries, limits and deadline apply.
+- Log-probability requests (kind "logprobs") POST {url}/completions with {"model", "prompt",
+  "echo": true, "logprobs": 1, "max_tokens": 1, "temperature": 0} (OpenAI's legacy completions,
+  vLLM, llama.cpp's server) and end ok with the prompt's tokens, their log-probabilities and
+  character offsets as content (the generated token dropped); an answer without them, or whose
+  tokens do not cover the prompt, is invalid_output.
 - logprobs: a request with `logprobs=k` asks `logprobs: true, top_logprobs: k` and the response
   keeps choices[0].logprobs.content; a 400 naming logprobs drops them for the rest of the client's
   life (like a format fallback: at once, free).
@@ -102,6 +107,7 @@ class _Reply(typing.NamedTuple):
     fingerprint: str | None
     logprobs: typing.Any = None     # choices[0].logprobs.content, when sent
     vector: typing.Any = None       # data[0].embedding of an embedding request
+    prompt_logprobs: typing.Any = None  # the prompt's tokens of a logprobs request
 
 
 class _CallState:
@@ -265,6 +271,16 @@ class JudgeClient:
             if not reply.vector:
                 return self._failure(req, state, started, rq.INVALID_OUTPUT, "no embedding in the answer", reply)
             return self._success(req, state, started, reply, reply.vector)
+        if req.kind == "logprobs":
+            try:
+                reply = await self._complete(req, messages, state)
+            except _Transient as exc:
+                return self._failure(req, state, started, exc.status, exc.message)
+            if reply.prompt_logprobs is None:
+                return self._failure(req, state, started, rq.INVALID_OUTPUT,
+                                     "no prompt log-probabilities in the answer (echo and "
+                                     "logprobs on /completions)", reply)
+            return self._success(req, state, started, reply, reply.prompt_logprobs)
         final, reply = await self._reply(req, messages, state, started, schema)
         if final is not None:
             return final
@@ -387,6 +403,11 @@ class JudgeClient:
             body = {"model": req.model, "input": messages[0]["content"]}
             endpoint = "embeddings"
             estimate = estimate_tokens([("user", body["input"])], 0)
+        elif req.kind == "logprobs":
+            body = {"model": req.model, "prompt": messages[0]["content"], "echo": True,
+                    "logprobs": 1, "max_tokens": 1, "temperature": 0}
+            endpoint = "completions"
+            estimate = estimate_tokens([("user", body["prompt"])], 1)
         else:
             body = self._payload(req, messages, MODES[mode_index])
             endpoint = "chat/completions"
@@ -434,6 +455,8 @@ class JudgeClient:
         if status == 200:
             if req.kind == "embedding":
                 return self._read_embedding(text, state, estimate)
+            if req.kind == "logprobs":
+                return self._read_logprobs(text, state, estimate, body["prompt"])
             return self._read_ok(text, state, estimate)
         self._raise_for_error(status, headers, text, mode_index, state, bool(body.get("logprobs")))
         raise AssertionError("unreachable")
@@ -480,6 +503,25 @@ class JudgeClient:
                        finish_reason=choice.get("finish_reason"), refusal=message.get("refusal") or None,
                        usage=usage, model=data.get("model"), fingerprint=data.get("system_fingerprint"),
                        logprobs=logprobs if isinstance(logprobs, list) else None)
+        state.last = reply
+        return reply
+
+    def _read_logprobs(self, text: str, state: _CallState, estimate: int, prompt: str) -> _Reply:
+        """A 200 answer of /completions with echo: choices[0].logprobs' tokens, token_logprobs and
+        text_offset, cut to the tokens that start inside the prompt. prompt_logprobs stays None
+        when they are missing, malformed or do not cover the prompt from its first character."""
+        try:
+            data = json.loads(text)
+            choice = data["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _Transient(rq.HTTP_ERROR, "malformed 200 body: " + text[:120]) from None
+        usage = rq.parse_usage(data.get("usage"))
+        state.usage = rq.add_usage(state.usage, usage)
+        self.limiter.correct_tokens(estimate, usage["prompt_tokens"] + usage["completion_tokens"])
+        reply = _Reply(text=None, finish_reason=choice.get("finish_reason") if isinstance(choice, dict) else None,
+                       refusal=None, usage=usage, model=data.get("model"),
+                       fingerprint=data.get("system_fingerprint"),
+                       prompt_logprobs=prompt_logprobs(choice, prompt))
         state.last = reply
         return reply
 
@@ -584,3 +626,36 @@ def _describe(exc: Exception) -> str:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         return f"at {where}: {exc.message}"
     return str(exc)
+
+
+def prompt_logprobs(choice, prompt: str) -> dict | None:
+    """{"tokens", "token_logprobs", "text_offset"} of the tokens of `prompt` in an echoed
+    completion choice (those whose character offset lies inside the prompt), or None when the
+    choice does not hold them: three lists of equal length, offsets starting at 0 and never
+    decreasing, log-probabilities finite and <= 0 (None allowed for the first token only).
+    Tokens are not required to spell the prompt: a tokenizer may show partial UTF-8 characters
+    as "bytes:..." or add a start token at offset 0."""
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    if not isinstance(logprobs, dict):
+        return None
+    tokens, values, offsets = (logprobs.get("tokens"), logprobs.get("token_logprobs"),
+                               logprobs.get("text_offset"))
+    if not (isinstance(tokens, list) and isinstance(values, list) and isinstance(offsets, list)
+            and len(tokens) == len(values) == len(offsets)):
+        return None
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        return None
+    inside = sum(1 for offset in offsets if offset < len(prompt))
+    tokens, values, offsets = tokens[:inside], values[:inside], offsets[:inside]
+    if not all(isinstance(t, str) for t in tokens):
+        return None
+    if offsets and (offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:]))):
+        return None
+    for i, value in enumerate(values):
+        if value is None and i == 0:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value > 0):
+            return None
+    return {"tokens": tokens, "token_logprobs": [None if v is None else float(v) for v in values],
+            "text_offset": offsets}

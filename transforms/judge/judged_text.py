@@ -16,8 +16,9 @@ from evalbeam.transforms.kernels.judge_state import JudgeMetricState
 
 
 def state_key(kind: str, parameters: dict) -> str:
-    """TextState.rules key: the type, plus the parameters that tell BYOP templates apart."""
-    extra = {k: v for k, v in parameters.items() if k in ("template",)}
+    """TextState.rules key: the type, plus the parameters that tell BYOP templates (and
+    GPTScore's aspects) apart."""
+    extra = {k: v for k, v in parameters.items() if k in ("template", "aspect")}
     return kind + (json.dumps(extra, sort_keys=True) if extra else "")
 
 

@@ -50,6 +50,14 @@ Conventions (one per metric; the configurable ones are JudgeMetricConfig fields)
   GroundednessSimilarity     min over answer sentences of max over context sentences of the cosine.
   ContextRecallSimilarity / ContextPrecisionSimilarity   per context, the max over its sentences
                       of cos(emb(question), emb(sentence)); then max (recall) or mean (precision).
+  Perplexity         exp of the average negative log-likelihood of the response's tokens under
+                      the completions model (config.lm_model; `Judge.logprobs`): >= 1, lower is
+                      better; a response of fewer than two tokens is not_applicable. The whole
+                      response in one request (no sliding window: it must fit the model's context).
+  GPTScore<form>     one record per aspect (transforms/judge/gptscore.py): the average negative
+                      log-likelihood of the target's tokens after the aspect's prompt, lower is
+                      better; the reference forms average both directions and take the best
+                      (lowest) reference.
 """
 
 from __future__ import annotations
@@ -57,15 +65,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from evalbeam.transforms.judge.requests import JudgeRequest, embedding_request
+from evalbeam.transforms.judge import gptscore
+from evalbeam.transforms.judge.requests import INVALID_OUTPUT, JudgeRequest, embedding_request, logprob_request
 from evalbeam.transforms.judge.session import DRY_RUN
 from evalbeam.transforms.kernels import judge_scores as ks
+from evalbeam.transforms.kernels import log_likelihood as ll
 
 
 @dataclass(frozen=True)
 class JudgeMetricConfig:
     model: str
     embedding_model: str = "text-embedding-3-small"
+    lm_model: str = "gpt2-medium"                # completions model of the log-likelihood metrics
     temperature: float = 0.0
     seed: int | None = None
     top_logprobs: int = 5
@@ -132,6 +143,13 @@ class Judge:
     async def embed(self, text: str) -> list:
         record = self._checked(await self.session.call(
             embedding_request(self.config.embedding_model, text), self.metric))
+        return record["content"]
+
+    async def logprobs(self, prompt: str) -> dict:
+        """The prompt's tokens, their log-probabilities and offsets under config.lm_model (one
+        /completions request with echo; requests.logprob_request)."""
+        record = self._checked(await self.session.call(
+            logprob_request(self.config.lm_model, prompt), self.metric))
         return record["content"]
 
     def _checked(self, record: dict) -> dict:
@@ -562,6 +580,50 @@ async def context_precision_similarity(j: Judge, d: Datum, c: JudgeMetricConfig)
     return _similarity((await _chunk_relevancy(j, d))[1], "contexts")
 
 
+# ---------------------------------------------------------------- log-likelihood metrics
+
+async def perplexity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+    tokens = await j.logprobs(need(d.response, "response"))
+    value = ll.perplexity(tokens["token_logprobs"])
+    if value is None:
+        raise NotApplicable("a response of two tokens or more")
+    return Score(value)
+
+
+async def _target_nll(j: Judge, prefix: str, target: str) -> float:
+    """ANLL of the target's tokens after the prefix (kernels/log_likelihood.py mean_nll)."""
+    prompt = prefix + target
+    tokens = await j.logprobs(prompt)
+    value = ll.mean_nll(tokens["token_logprobs"], tokens["text_offset"], len(prefix), len(prompt))
+    if value is None:
+        raise Failed(INVALID_OUTPUT, "no log-probability for the scored tokens")
+    return value
+
+
+def gptscore_program(form: str, aspect: str):
+    """The program of one GPTScore form and aspect (transforms/judge/gptscore.py)."""
+
+    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+        response = need(d.response, "response")
+        if form == "GPTScoreQA":
+            return Score(await _target_nll(j, *gptscore.qa_prompt(aspect, need(d.question, "question"), response)))
+        if form == "GPTScoreSummarizationNoReference":
+            return Score(await _target_nll(j, *gptscore.summary_prompt(aspect, need(d.question, "question"),
+                                                                         response)))
+        references = need(d.references, "references")
+        if not references:
+            raise NotApplicable("references")
+        both = await all_of(*(_target_nll(j, *gptscore.rewrite_prompt(form, aspect, a, b))
+                              for reference in references
+                              for a, b in ((reference, response), (response, reference))))
+        return Score(min((both[i] + both[i + 1]) / 2 for i in range(0, len(both), 2)))
+
+    return program
+
+
+LIKELIHOOD_METRICS = ("Perplexity",) + gptscore.FORMS
+
+
 # ---------------------------------------------------------------- the catalogue
 
 PROGRAMS = {
@@ -589,8 +651,9 @@ PROGRAMS = {
     "GroundednessSimilarity": groundedness_similarity,
     "ContextRecallSimilarity": context_recall_similarity,
     "ContextPrecisionSimilarity": context_precision_similarity,
+    "Perplexity": perplexity,
 }
-JUDGE_METRICS = tuple(PROGRAMS) + ("BYOP",)
+JUDGE_METRICS = tuple(PROGRAMS) + gptscore.FORMS + ("BYOP",)
 EMBEDDING_METRICS = ("AnswerSemanticSimilarity", "AnswerRelevanceSimilarity", "GroundednessSimilarity",
                      "ContextRecallSimilarity", "ContextPrecisionSimilarity")
 
@@ -606,6 +669,10 @@ def metric_programs(metrics, config: JudgeMetricConfig) -> list[tuple[str, dict,
             for template in config.byop:
                 out.append(("BYOP", {"template": template.name, "template_version": template.version},
                             byop_program(template)))
+            continue
+        if name in gptscore.FORMS:
+            for aspect in gptscore.ASPECTS[name]:
+                out.append((name, {"aspect": aspect}, gptscore_program(name, aspect)))
             continue
         out.append((name, {}, PROGRAMS[name]))
     return out
@@ -657,6 +724,10 @@ def parameters_of(kind: str, extra: dict, config: JudgeMetricConfig) -> dict:
 
     if kind in EMBEDDING_METRICS:
         return {"embedding_model": config.embedding_model, **extra}
+    if kind == "Perplexity":
+        return {"lm_model": config.lm_model, **extra}
+    if kind in gptscore.FORMS:
+        return {"lm_model": config.lm_model, "prompt_version": gptscore.PROMPT_VERSION, **extra}
     if kind == "BYOP":
         return {"judge_model": config.model, **extra}
     names = TEMPLATES_OF[kind]

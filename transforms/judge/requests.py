@@ -52,13 +52,15 @@ class JudgeRequest:
     template: str = ""
     template_version: str = ""
     # "chat": POST /chat/completions; "embedding": POST /embeddings, the one message's content
-    # is the input text (role "input") and the response content is the vector
+    # is the input text (role "input") and the response content is the vector; "logprobs":
+    # POST /completions with echo, the one message's content is the prompt (role "prompt") and
+    # the response content is its tokens' log-probabilities (PromptLogprobs fields)
     kind: str = "chat"
     # top_logprobs wanted with the answer (chat only; None: no logprobs asked)
     logprobs: int | None = None
 
     def __post_init__(self):
-        if self.kind not in ("chat", "embedding"):
+        if self.kind not in ("chat", "embedding", "logprobs"):
             raise ValueError(f"unknown judge request kind {self.kind!r}")
         pairs = []
         for message in self.messages:
@@ -167,3 +169,12 @@ def embedding_request(model: str, text: str) -> JudgeRequest:
     """The request for the embedding of one text (one text per request, so that each text is
     journaled and reused on its own, e.g. a question shared by several metrics and models)."""
     return JudgeRequest(model=model, messages=(("input", text),), kind="embedding")
+
+
+def logprob_request(model: str, prompt: str) -> JudgeRequest:
+    """The request for the log-probability of every token of `prompt` under a completions model
+    (POST /completions with echo and logprobs; one generated token is asked for and dropped).
+    The answer's content: {"tokens": [str], "token_logprobs": [float | None], "text_offset":
+    [int]} over the prompt's tokens only; the first token's log-probability is None (nothing
+    conditions it)."""
+    return JudgeRequest(model=model, messages=(("prompt", prompt),), kind="logprobs")

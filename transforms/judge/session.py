@@ -61,6 +61,8 @@ def simulated_content(request):
     """What the stand-in judge would answer (dry runs): (content, answer text)."""
     if request.kind == "embedding":
         return stand_in.embed(request.messages[0][1], stand_in.EMBEDDING_DIM), ""
+    if request.kind == "logprobs":
+        return stand_in.prompt_logprobs(request.messages[0][1]), ""
     body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
     if request.schema is not None:
         body["response_format"] = {"type": "json_schema",

@@ -66,13 +66,20 @@ answer; `created` is 0 and `system_fingerprint` is fixed:
 * max_tokens: content longer than that is cut to max_tokens tokens and finish_reason is "length".
 * logprobs: one entry per token (leading whitespace kept with the token); the chosen token has
   p = 0.7, alternatives p = 0.3 * 2^-(k+1); digit tokens get neighbouring digits as alternatives.
+* Prompt log-probabilities (/completions with echo and logprobs, `completions_payload`): the
+  prompt is cut into tokens, each `\\w+` run or punctuation character with the whitespace before
+  it (trailing whitespace is a token of its own); the first token's log-probability is None, and
+  token i's is log 0.6 when its word (lower-cased, without the whitespace) occurred earlier in
+  the prompt, else log(0.01 + 0.29 u) with u in [0, 1) from the sha256 of the previous and the
+  current token: a copying bigram model, so a text that repeats the prompt's words is likelier.
+  The answer echoes the prompt's tokens and adds one generated token " the" (log 0.5).
 * Embeddings: every content word hashed (sha256) to one of `dimensions` (default 64) slots with a
   hashed sign, then L2-normalised; a text without words gets the unit vector e0.
 * Faults the server injects (pipelines/judge_server.py) that change an answer are applied here
   when `chat_payload` / `embeddings_payload` is given their kind: truncated (finish_reason
   "length", content cut to half its tokens) and malformed (the response body cut in half, or, when
   JSON content was asked, message content that is not JSON).
-* Invalid bodies: `validate_chat` and `validate_embeddings` give the reason (the server answers 400
+* Invalid bodies: `validate_chat`, `validate_completions` and `validate_embeddings` give the reason (the server answers 400
   with it), or None; `chat_payload` and `embeddings_payload` build the response of a valid body.
 """
 
@@ -88,6 +95,7 @@ EMBEDDING_DIM = 64
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 LOGPROB_TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
+PROMPT_TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])|\s+$")
 WORD_RE = re.compile(r"\w+")
 MARKER_RE = re.compile(r"(?i)\b(?:statements?|claims?|answer|response|actual[ _]output|output|"
                        r"opinions?)\s*:")
@@ -647,3 +655,73 @@ def embeddings_payload(body: dict, fault: str | None) -> tuple[dict | None, str 
         return None, text[:len(text) // 2]
     return payload, None
 
+
+
+def prompt_logprobs(prompt: str) -> dict:
+    """{"tokens", "token_logprobs", "text_offset"} of every token of `prompt` under the stand-in's
+    copying bigram model (see the module docstring); the tokens spell the prompt."""
+    tokens, values, offsets, seen, previous = [], [], [], set(), ""
+    for match in PROMPT_TOKEN_RE.finditer(prompt):
+        token = match.group(0)
+        word = token.strip().lower()
+        if not tokens:
+            value = None
+        elif word and word in seen:
+            value = math.log(0.6)
+        else:
+            digest = hashlib.sha256((previous + "\x00" + token).encode("utf-8", "surrogatepass")).digest()
+            value = math.log(0.01 + 0.29 * int.from_bytes(digest[:4], "big") / 2 ** 32)
+        tokens.append(token)
+        values.append(value)
+        offsets.append(match.start())
+        if word:
+            seen.add(word)
+        previous = token
+    return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets}
+
+
+def validate_completions(body) -> str | None:
+    """The reason a /completions request is invalid, or None (a string prompt only)."""
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return "'model' must be a string."
+    if not isinstance(body.get("prompt"), str):
+        return "'prompt' must be a string."
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= 5):
+        return "'logprobs' must be an integer in [0, 5]."
+    max_tokens = body.get("max_tokens", 16)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        return "'max_tokens' must be a non-negative integer."
+    return None
+
+
+def completions_payload(body: dict, fault: str | None) -> tuple[dict | None, str | None]:
+    """The /completions answer: one generated token " the" (none with max_tokens 0); with echo
+    the text and the logprobs start with the prompt's (prompt_logprobs)."""
+    prompt = body["prompt"]
+    generated = " the" if body.get("max_tokens", 16) > 0 else ""
+    logprobs = None
+    if body.get("logprobs") is not None:
+        tokens = {"tokens": [], "token_logprobs": [], "text_offset": []}
+        if body.get("echo"):
+            tokens = prompt_logprobs(prompt)
+        start = len(prompt) if body.get("echo") else 0
+        if generated:
+            tokens["tokens"].append(generated)
+            tokens["token_logprobs"].append(math.log(0.5))
+            tokens["text_offset"].append(start)
+        logprobs = dict(tokens, top_logprobs=None)
+    prompt_tokens = len(prompt_logprobs(prompt)["tokens"])
+    completion_tokens = 1 if generated else 0
+    payload = {"id": "cmpl-" + hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:24],
+               "object": "text_completion", "created": 0, "model": body["model"],
+               "system_fingerprint": SYSTEM_FINGERPRINT,
+               "choices": [{"index": 0, "text": (prompt if body.get("echo") else "") + generated,
+                            "logprobs": logprobs, "finish_reason": "length"}],
+               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens}}
+    if fault == "malformed":
+        text = json.dumps(payload)
+        return None, text[:len(text) // 2]
+    return payload, None

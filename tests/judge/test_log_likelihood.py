@@ -1,0 +1,141 @@
+"""Log-likelihood metrics through a completions endpoint (Perplexity, GPTScore): the kernels
+against a direct computation, the answer parser on good and broken answers, and the text task
+end to end on the stand-in server (on two worker processes), every per-datum score checked
+against the stand-in's own log-probabilities."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from helpers import MULTIPROCESS, write_jsonl
+from evalbeam.transforms.judge import gptscore
+from evalbeam.transforms.judge.client import prompt_logprobs
+from evalbeam.transforms.judge.stand_in import completions_payload, prompt_logprobs as stand_in_logprobs
+from evalbeam.transforms.kernels.log_likelihood import mean_nll, perplexity
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_kernels_match_a_direct_computation(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 40))
+    values = [None] + list(-rng.exponential(2.0, n - 1))
+    offsets = list(np.cumsum(rng.integers(1, 6, n)) - 1)
+    offsets[0] = 0
+    length = offsets[-1] + 3
+    assert math.isclose(perplexity(values), math.exp(-np.mean(values[1:])), rel_tol=1e-12)
+    start = int(rng.integers(0, length))
+    ends = offsets[1:] + [length]
+    chosen = [v for v, end in zip(values, ends) if end > start and v is not None]
+    got = mean_nll(values, offsets, start, length)
+    assert (got is None) if not chosen else math.isclose(got, -np.mean(chosen), rel_tol=1e-12)
+
+
+def test_kernel_edges():
+    assert perplexity([None]) is None and perplexity([]) is None
+    # a token that straddles the start is scored: it holds a character of the target
+    assert mean_nll([None, -1.0, -3.0], [0, 4, 8], 6, 12) == 2.0
+    assert mean_nll([None, -1.0], [0, 4], 0, 5) == 1.0
+    assert mean_nll([None], [0], 0, 3) is None
+
+
+def test_stand_in_tokens_spell_the_prompt_and_copy_earlier_words():
+    prompt = "The cat sat. The cat ran away  \n"
+    out = stand_in_logprobs(prompt)
+    assert "".join(out["tokens"]) == prompt
+    assert [prompt[o:o + len(t)] for t, o in zip(out["tokens"], out["text_offset"])] == out["tokens"]
+    assert out["token_logprobs"][0] is None
+    by_token = dict(zip(out["tokens"][1:], out["token_logprobs"][1:]))
+    assert by_token[" cat"] == math.log(0.6)            # the second " cat"
+    assert all(v < 0 for v in out["token_logprobs"][1:])
+
+
+def test_answer_parser_keeps_the_prompt_and_refuses_broken_answers():
+    prompt = "Some text here."
+    payload, _ = completions_payload({"model": "m", "prompt": prompt, "echo": True, "logprobs": 1,
+                                      "max_tokens": 1}, None)
+    choice = payload["choices"][0]
+    got = prompt_logprobs(choice, prompt)
+    assert got["tokens"] == stand_in_logprobs(prompt)["tokens"]       # the generated token dropped
+    assert prompt_logprobs({"logprobs": None}, prompt) is None         # no echo or no logprobs
+
+    def broken(**change):
+        logprobs = dict(choice["logprobs"], **change)
+        return prompt_logprobs({"logprobs": logprobs}, prompt)
+
+    values = choice["logprobs"]["token_logprobs"]
+    assert broken(tokens=["x"]) is None                                 # lengths differ
+    assert broken(token_logprobs=[None, 0.5] + values[2:]) is None      # a probability above 1
+    assert broken(token_logprobs=[None, float("nan")] + values[2:]) is None
+    assert broken(token_logprobs=[None, None] + values[2:]) is None     # None after the first
+    assert broken(text_offset=[1] + choice["logprobs"]["text_offset"][1:]) is None
+    assert broken(text_offset=[0, 9, 5] + choice["logprobs"]["text_offset"][3:]) is None
+    assert broken(text_offset=[0, "4"] + choice["logprobs"]["text_offset"][2:]) is None
+
+
+def expected_anll(prefix: str, target: str) -> float:
+    lp = stand_in_logprobs(prefix + target)
+    return mean_nll(lp["token_logprobs"], lp["text_offset"], len(prefix), len(prefix + target))
+
+
+def test_text_task_scores_match_the_stand_in_on_two_workers(tmp_path):
+    from evalbeam.pipelines.judge_server import StandInServer
+
+    truths = [{"datum_uid": "a", "query": "Where is the tower?",
+               "references": ["The tower is in Paris.", "It stands in Paris, France."]},
+              {"datum_uid": "b", "query": "How old is the bridge?"},
+              {"datum_uid": "c", "query": "Name a colour.", "references": ["Blue."]}]
+    predictions = [{"datum_uid": "a", "response": "The tower stands in Paris."},
+                   {"datum_uid": "b", "response": "It was built in 1291 by monks."},
+                   {"datum_uid": "c", "response": "Red"}]
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+    pred = write_jsonl(tmp_path / "pred.jsonl", predictions)
+    out = tmp_path / "out"
+    with StandInServer() as server:
+        done = subprocess.run(
+            ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out,
+             "--metrics", "Perplexity,GPTScoreTranslation,GPTScoreQA,GPTScoreSummarizationNoReference",
+             "--judge_url", server.url, "--judge_lm_model", "tiny-lm", "--quiet", *MULTIPROCESS],
+            capture_output=True, text=True, env=dict(os.environ, OPENAI_API_KEY="test-key"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores = {(r["datum_uid"], r["metric"], r["parameters"].get("aspect")): r
+              for r in map(json.loads, open(out / "scores.jsonl", encoding="utf-8"))}
+    for truth, prediction in zip(truths, predictions):
+        uid, response = truth["datum_uid"], prediction["response"]
+        lp = stand_in_logprobs(response)["token_logprobs"]
+        row = scores[(uid, "Perplexity", None)]
+        if len(lp) < 2:
+            assert row["status"] == "not_applicable"
+        else:
+            assert math.isclose(row["value"], math.exp(-np.mean(lp[1:])), rel_tol=1e-12)
+        for aspect in gptscore.ASPECTS["GPTScoreTranslation"]:
+            row = scores[(uid, "GPTScoreTranslation", aspect)]
+            if "references" not in truth:
+                assert row["status"] == "not_applicable"
+                continue
+            want = min((expected_anll(*gptscore.rewrite_prompt("GPTScoreTranslation", aspect, ref, response))
+                        + expected_anll(*gptscore.rewrite_prompt("GPTScoreTranslation", aspect, response, ref))) / 2
+                       for ref in truth["references"])
+            assert math.isclose(row["value"], want, rel_tol=1e-12)
+        for aspect in gptscore.ASPECTS["GPTScoreQA"]:
+            want = expected_anll(*gptscore.qa_prompt(aspect, truth["query"], response))
+            assert math.isclose(scores[(uid, "GPTScoreQA", aspect)]["value"], want, rel_tol=1e-12)
+        for aspect in gptscore.ASPECTS["GPTScoreSummarizationNoReference"]:
+            want = expected_anll(*gptscore.summary_prompt(aspect, truth["query"], response))
+            assert math.isclose(scores[(uid, "GPTScoreSummarizationNoReference", aspect)]["value"], want,
+                                rel_tol=1e-12)
+    records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    overall = {(r["type"], r["parameters"].get("aspect")): r for r in records if not r["slice"]}
+    assert overall[("Perplexity", None)]["parameters"] == {"lm_model": "tiny-lm"}
+    qa = overall[("GPTScoreQA", "Interest")]
+    assert qa["parameters"]["prompt_version"] == gptscore.PROMPT_VERSION and qa["counts"] == {"ok": 3}
+    assert len([k for k in overall if k[0] == "GPTScoreQA"]) == len(gptscore.ASPECTS["GPTScoreQA"])
+    # the requests went to /completions with echo: the journal holds them, never the key
+    journal = "".join(open(os.path.join(root, f), encoding="utf-8").read()
+                      for root, _, files in os.walk(out / "judge-journal") for f in files)
+    assert '"kind": "logprobs"' in journal and "test-key" not in journal
