@@ -35,6 +35,13 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                    help="completions model whose prompt log-probabilities (/completions with echo "
                         "and logprobs: vLLM, llama.cpp's server) score Perplexity and the GPTScore "
                         "metrics (default gpt2-medium)")
+    g.add_argument("--lm_uri", default=None, metavar="DIR",
+                   help="a causal LM exported to ONNX (model.onnx + tokenizer.json, a local path "
+                        "or any Beam filesystem URI), run on the workers with ONNX Runtime for "
+                        "Perplexity and the GPTScore metrics instead of the endpoint (needs "
+                        "evalbeam[models])")
+    g.add_argument("--lm_batch_size", type=int, default=16, metavar="N",
+                   help="sequences per model call with --lm_uri (default 16)")
     g.add_argument("--judge_api_key_env", default=None, metavar="NAME",
                    help=f"name of the environment variable holding the API key (default {DEFAULT_KEY_ENV}, "
                         "sent when set); the key itself is never an option. A variable named here "
@@ -98,19 +105,21 @@ def _workers(beam_args: list[str]) -> int:
     return 1
 
 
-def judge_setup(args, beam_args: list[str]):
-    """(JudgeSettings, JudgeMetricConfig, journal root) from the parsed options."""
+def judge_setup(args, beam_args: list[str], needs_url: bool = True):
+    """(JudgeSettings, JudgeMetricConfig, journal root) from the parsed options. needs_url
+    False: only log-likelihood metrics are asked, which --lm_uri answers without an endpoint."""
     from evalbeam.transforms.judge.metrics import JudgeMetricConfig
     from evalbeam.transforms.judge.templates import TemplateError, load_byop
     from evalbeam.transforms.judge.transform import JudgeSettings
 
-    if not args.judge_url:
+    local_only = bool(args.lm_uri) and not needs_url
+    if not args.judge_url and not local_only:
         raise UsageError("judge metrics need --judge_url (an OpenAI-compatible API base URL, "
                          f"{DEFAULT_URL_HINT}); or pick metrics without a judge with --metrics")
     from urllib.parse import urlsplit
 
-    url = urlsplit(args.judge_url)
-    if url.scheme not in ("http", "https") or not url.hostname:
+    url = urlsplit(args.judge_url or "")
+    if args.judge_url and (url.scheme not in ("http", "https") or not url.hostname):
         raise UsageError("--judge_url must start with http:// or https:// and name a host "
                          f"({DEFAULT_URL_HINT})")
     for option, value in (("--judge_rpm", args.judge_rpm), ("--judge_concurrency", args.judge_concurrency),
@@ -131,8 +140,11 @@ def judge_setup(args, beam_args: list[str]):
     if len(set(names)) != len(names):
         raise UsageError("--judge_byop: two templates have the same name")
     workers = args.judge_workers or _workers(beam_args)
+    if args.lm_batch_size < 1:
+        raise UsageError("--lm_batch_size must be 1 or more")
     settings = JudgeSettings(
-        url=args.judge_url, api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
+        url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
+        api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
         tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,
         deadline_s=args.judge_deadline, max_attempts=args.judge_max_attempts, workers=workers,
@@ -141,7 +153,7 @@ def judge_setup(args, beam_args: list[str]):
         dry_run=args.judge_dry_run)
     config = JudgeMetricConfig(
         model=args.judge_model, embedding_model=args.judge_embedding_model,
-        lm_model=args.judge_lm_model,
+        lm_model=args.lm_uri or args.judge_lm_model,
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
         both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),
@@ -251,6 +263,7 @@ def judge_options_info(settings, config, journal: str) -> dict:
 
     return {"endpoint_host": endpoint_host(settings.url), "model": config.model,
             "embedding_model": config.embedding_model, "lm_model": config.lm_model,
+            "lm_uri": settings.lm_uri,
             "api_key_env": settings.api_key_env,
             "rpm": settings.rpm, "tpm": settings.tpm, "concurrency": settings.concurrency,
             "workers": settings.workers, "timeout_s": settings.timeout_s, "deadline_s": settings.deadline_s,

@@ -220,8 +220,9 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
             argv += option_args(cell.options, parser, where) + common
             if sweep_args.num_shards:
                 argv += ["--num_shards", str(sweep_args.num_shards)]
-            if sweep_args.input_split_bytes is not None:
-                argv += ["--input_split_bytes", str(sweep_args.input_split_bytes)]
+            split = getattr(sweep_args, "input_split_bytes", None)   # plan_cells' callers may omit it
+            if split is not None:
+                argv += ["--input_split_bytes", str(split)]
             judged = cell.task == "text" and bool(manifest.judge)
             if judged:
                 # the endpoint is checked once, after the sweep knows a judge cell will run

@@ -40,15 +40,17 @@ def add_arguments(parser) -> None:
     add_judge_arguments(parser)
 
 
-def parse_metrics(text: str, judge: bool = False, byop: bool = False) -> frozenset:
+def parse_metrics(text: str, judge: bool = False, byop: bool = False, lm: bool = False) -> frozenset:
     """The metric names asked; 'all' is every local metric, plus the judge metrics when a judge
-    is configured (BYOP only with templates; the log-likelihood metrics only by name: a chat
-    judge's endpoint usually cannot echo prompt log-probabilities)."""
+    is configured (BYOP only with templates; the log-likelihood metrics by name, or with a local
+    model, lm: a chat judge's endpoint usually cannot echo prompt log-probabilities)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
         wanted = set(LOCAL_METRICS)
         if judge:
             wanted |= set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS) - ({"BYOP"} if not byop else set())
+        if lm:
+            wanted |= set(LIKELIHOOD_METRICS)
         return frozenset(wanted)
     unknown = sorted(set(names) - set(METRICS))
     if unknown or not names:
@@ -73,12 +75,15 @@ def configure(args) -> TextConfig:
     weights = parse_float_list(args.bleu_weights, "--bleu_weights")
     if not weights or any(w < 0 for w in weights):
         raise UsageError("--bleu_weights takes one or more non-negative numbers")
-    metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop))
+    metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop), bool(args.lm_uri))
     judge = {}
+    if args.lm_uri and metrics & set(LIKELIHOOD_METRICS):
+        check_model_folder(args.lm_uri)
     if metrics & set(JUDGE_METRICS):
         from evalbeam.pipelines.judge_options import judge_setup
 
-        settings, judge_config, journal = judge_setup(args, args.beam_args)
+        needs_url = bool(metrics & (set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS))) or not args.lm_uri
+        settings, judge_config, journal = judge_setup(args, args.beam_args, needs_url)
         if "BYOP" in metrics and not judge_config.byop:
             raise UsageError("metric BYOP needs at least one --judge_byop FILE")
         judge = dict(judge=judge_config, judge_settings=settings, journal_root=journal)
@@ -86,11 +91,29 @@ def configure(args) -> TextConfig:
                         rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights),
                         judge_max_failed_fraction=args.judge_max_failed_fraction, **judge)
     settings = config.judge_settings
-    if settings is not None and not settings.dry_run and not args.judge_skip_check:
+    if settings is not None and settings.url and not settings.dry_run and not args.judge_skip_check:
         from evalbeam.pipelines.judge_options import check_judge
 
         check_judge(settings, key_named=args.judge_api_key_env is not None)
     return config
+
+
+def check_model_folder(uri: str) -> None:
+    """--lm_uri must name a folder holding model.onnx and tokenizer.json, and ONNX Runtime must
+    be installed: checked before anything is read or written."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.judge.local_lm import missing_runtime
+
+    problem = missing_runtime()
+    if problem:
+        raise UsageError(problem)
+    missing = [name for name in ("model.onnx", "tokenizer.json")
+               if not FileSystems.exists(FileSystems.join(uri.rstrip("/"), name))]
+    if missing:
+        raise UsageError(f"--lm_uri {uri}: no {' and no '.join(missing)} there; the folder must hold "
+                         "an ONNX export of a causal language model (model.onnx) and its "
+                         "tokenizer.json (pipelines/text.md, Log-likelihood metrics)")
 
 
 def check_source(name: str, source, config: TextConfig, slices) -> None:

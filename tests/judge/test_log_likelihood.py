@@ -139,3 +139,109 @@ def test_text_task_scores_match_the_stand_in_on_two_workers(tmp_path):
     journal = "".join(open(os.path.join(root, f), encoding="utf-8").read()
                       for root, _, files in os.walk(out / "judge-journal") for f in files)
     assert '"kind": "logprobs"' in journal and "test-key" not in journal
+
+
+# ---------------------------------------------------------------- the model on the workers
+
+def test_local_model_scores_match_onnx_runtime_on_two_workers(tmp_path):
+    """--lm_uri: a tiny causal LM saved as model.onnx + tokenizer.json, run by the workers in
+    batches (--lm_batch_size 2: texts of different lengths padded together), gives per datum the
+    Perplexity and GPTScore that ONNX Runtime gives on each text alone, to 1e-6."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    from tiny_models import direct_logprobs, write_tiny_causal_lm
+
+    model = write_tiny_causal_lm(tmp_path / "lm")
+    truths = [{"datum_uid": f"d{i}", "query": q, "references": r} for i, (q, r) in enumerate([
+        ("Where is the tower?", ["The tower is in Paris, France."]),
+        ("How old is the bridge?", ["It was built by the old city."]),
+        ("Name a colour.", ["Blue."]),
+        ("How many people live in the city?", ["Many people live in it."])])]
+    responses = ["The tower stands in Paris.", "It is an old stone bridge on the river.", "red",
+                 "!"]
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": t["datum_uid"], "response": r}
+                                                 for t, r in zip(truths, responses)])
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out,
+         "--metrics", "Perplexity,GPTScoreSummarization,GPTScoreQA", "--lm_uri", model,
+         "--lm_batch_size", "2", "--quiet", *MULTIPROCESS],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def anll(prefix, target):
+        values, starts = direct_logprobs(model, prefix + target)
+        return mean_nll(values, starts, len(prefix), len(prefix + target))
+
+    scores = {(r["datum_uid"], r["metric"], r["parameters"].get("aspect")): r
+              for r in map(json.loads, open(out / "scores.jsonl", encoding="utf-8"))}
+    for truth, response in zip(truths, responses):
+        uid = truth["datum_uid"]
+        values, _ = direct_logprobs(model, response)
+        assert math.isclose(scores[(uid, "Perplexity", None)]["value"], math.exp(-np.mean(values[1:])),
+                            rel_tol=1e-6)
+        for aspect in gptscore.ASPECTS["GPTScoreSummarization"]:
+            ref = truth["references"][0]
+            want = (anll(*gptscore.rewrite_prompt("GPTScoreSummarization", aspect, ref, response))
+                    + anll(*gptscore.rewrite_prompt("GPTScoreSummarization", aspect, response, ref))) / 2
+            assert math.isclose(scores[(uid, "GPTScoreSummarization", aspect)]["value"], want, rel_tol=1e-6)
+        for aspect in gptscore.ASPECTS["GPTScoreQA"]:
+            want = anll(*gptscore.qa_prompt(aspect, truth["query"], response))
+            assert math.isclose(scores[(uid, "GPTScoreQA", aspect)]["value"], want, rel_tol=1e-6)
+    record = next(json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")
+                  if '"Perplexity"' in line)
+    assert record["parameters"] == {"lm_model": str(model)} and record["counts"] == {"ok": 4}
+    info = json.load(open(out / "run.json", encoding="utf-8"))
+    assert info["judge"]["sent"] == 0 and info["judge"]["local"] > 0
+
+
+def test_local_model_problems_stop_before_the_run(tmp_path):
+    """A folder without the model, or without ONNX Runtime installed: one paragraph, exit 2,
+    nothing written."""
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "r"}])
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
+                           "--output", tmp_path / "out", "--metrics", "Perplexity",
+                           "--lm_uri", tmp_path / "empty"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "model.onnx" in done.stderr or "evalbeam[models]" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_text_the_model_cannot_take_fails_alone(tmp_path):
+    """A sequence longer than the model accepts (here: a model whose graph only takes 8
+    positions) fails in the runtime: that datum gets model_error with the runtime's message, the
+    others are scored, and the run is incomplete (exit 4) rather than complete or crashed."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    import onnx
+    from onnx import helper
+    from tiny_models import write_tiny_causal_lm
+
+    model = write_tiny_causal_lm(tmp_path / "lm")
+    graph = onnx.load(str(model / "model.onnx"))
+    # positions beyond 8 index a table of 8 rows: Gather fails for a longer text
+    graph.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((8, 1), np.float32), "positions"))
+    for node in graph.graph.node:       # the logits gain a zero read from the position table
+        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
+    graph.graph.node.extend([
+        helper.make_node("Shape", ["input_ids"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["length"], axis=0),
+        helper.make_node("Range", ["zero", "length", "one"], ["position"]),
+        helper.make_node("Gather", ["positions", "position"], ["checked"]),
+        helper.make_node("Add", ["raw", "checked"], ["logits"])])
+    graph.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                                    onnx.numpy_helper.from_array(np.array(1, np.int64), "one")])
+    onnx.save(graph, str(model / "model.onnx"))
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": u, "query": "q"} for u in "ab"])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "the red tower"},
+                                                 {"datum_uid": "b", "response": "the " * 20}])
+    out = tmp_path / "out"
+    done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
+                           "--output", out, "--metrics", "Perplexity", "--lm_uri", model, "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 4, done.stderr[-3000:]
+    rows = {r["datum_uid"]: r for r in map(json.loads, open(out / "scores.jsonl", encoding="utf-8"))}
+    assert rows["a"]["status"] == "ok" and rows["b"]["status"] == "model_error"
+    assert rows["b"]["details"]["error"]
+    assert json.load(open(out / "run.json", encoding="utf-8"))["status"] == "incomplete"

@@ -26,7 +26,7 @@ def judge_report(counters: dict) -> dict:
     samples = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("sample:")}
     return {
         "requests": c.get("requests", 0), "cached": c.get("cached", 0), "shared": c.get("shared", 0),
-        "sent": sent, "ok": statuses.get("ok", 0), "failed_by_status": dict(sorted(failed.items())),
+        "sent": sent, "local": c.get("local", 0), "ok": statuses.get("ok", 0), "failed_by_status": dict(sorted(failed.items())),
         "error_samples": dict(sorted(samples.items())),
         "not_sent": statuses.get("not_sent", 0), "dry_run": statuses.get("dry_run", 0),
         "prompt_tokens": c.get("prompt_tokens", 0), "completion_tokens": c.get("completion_tokens", 0),
@@ -38,8 +38,8 @@ def judge_report(counters: dict) -> dict:
 
 
 def _metric_label(record: dict) -> str:
-    template = record["parameters"].get("template")
-    return record["type"] + (f" ({template})" if template else "")
+    label = record["parameters"].get("template") or record["parameters"].get("aspect")
+    return record["type"] + (f" ({label})" if label else "")
 
 
 def judge_problems(records: list[dict], max_failed_fraction: float,

@@ -111,7 +111,12 @@ class JudgeSession:
         self.stats: collections.Counter = collections.Counter()
         self.calls_left = None if s.max_calls is None else s.max_calls / workers
         self.cost_left = None if s.max_cost is None else s.max_cost / workers
-        if not s.dry_run:
+        self.local = None
+        if s.lm_uri:
+            from evalbeam.transforms.judge.local_lm import LocalLM
+
+            self.local = LocalLM(s.lm_uri, s.lm_batch_size)
+        if not s.dry_run and s.url:   # no URL: only the local model answers
             from evalbeam.transforms.judge.client import JudgeClient
 
             self.client = JudgeClient(
@@ -184,6 +189,8 @@ class JudgeSession:
         from evalbeam.transforms.judge.limits import estimate_tokens
 
         s = self.settings
+        if request.kind == "logprobs" and self.local is not None:
+            return await self._local(h, request, metric)
         prompt, completion = self._estimate(request)
         if s.dry_run:
             content, text = simulated_content(request)
@@ -224,6 +231,28 @@ class JudgeSession:
             key = f"sample:{response.status}"
             self.stats[key] = min(self.stats.get(key, response.error), response.error)
         return record
+
+    async def _local(self, h, request, metric) -> dict:
+        """A prompt log-probability request answered by the model on this worker (local_lm.py):
+        nothing is sent, journaled or priced; a dry run does not run the model."""
+        from evalbeam.transforms.judge.local_lm import MODEL_ERROR, ModelError
+
+        self.stats["local"] += 1
+        self.stats[f"local@{metric}"] += 1
+        if self.settings.dry_run:
+            content, _ = simulated_content(request)
+            self._count(metric, DRY_RUN, 0, 0, 0.0)
+            return {"hash": h, "status": DRY_RUN, "content": content, "cached": False}
+        try:
+            content = await self.local.logprobs(request.messages[0][1])
+        except ModelError as error:
+            self._count(metric, MODEL_ERROR, 0, 0, 0.0)
+            key = f"sample:{MODEL_ERROR}"
+            self.stats[key] = min(self.stats.get(key, str(error)), str(error))
+            return {"hash": h, "status": MODEL_ERROR, "content": None, "cached": False,
+                    "error": str(error)[:500]}
+        self._count(metric, "ok", 0, 0, 0.0)
+        return {"hash": h, "status": "ok", "content": content, "cached": False}
 
     def _count(self, metric, status, prompt, completion, cost):
         self.stats[f"status:{status}"] += 1

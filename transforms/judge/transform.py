@@ -44,6 +44,9 @@ class JudgeSettings:
     price_prompt_1k: float = 0.0            # price of 1,000 prompt tokens
     price_completion_1k: float = 0.0        # price of 1,000 completion tokens
     dry_run: bool = False                   # count calls, tokens and cost; send nothing
+    # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
+    lm_uri: str | None = None
+    lm_batch_size: int = 16
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0
