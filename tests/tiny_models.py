@@ -15,10 +15,11 @@ WORDS = ("the a tower bridge river city is in on stands was built by old stone p
          "red blue colour name where how many people live known for of and it . , ? !").split()
 
 
-def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS) -> Path:
-    """A bigram LM (logits of token t from token t alone: embedding, then a dense layer) over
-    [UNK], [BOS] and `words`; the tokenizer lower-cases, splits on words and punctuation and
-    starts every text with [BOS]. Returns the folder."""
+def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layers: int = 0) -> Path:
+    """A bigram LM (logits of token t from token t alone: embedding, `layers` residual blocks
+    h + tanh(h W + b) of width dim, then a dense layer) over [UNK], [BOS] and `words`; the
+    tokenizer lower-cases, splits on words and punctuation and starts every text with [BOS].
+    Returns the folder."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from tokenizers import Tokenizer
@@ -43,9 +44,16 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS) -> Pa
     weights = [numpy_helper.from_array(rng.normal(0, 1, (size, dim)).astype(np.float32), "embedding"),
                numpy_helper.from_array(rng.normal(0, 1, (dim, size)).astype(np.float32), "dense"),
                numpy_helper.from_array(rng.normal(0, 0.5, size).astype(np.float32), "bias")]
-    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["hidden"]),
-             helper.make_node("MatMul", ["hidden", "dense"], ["scores"]),
-             helper.make_node("Add", ["scores", "bias"], ["logits"])]
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["hidden0"])]
+    for layer in range(layers):
+        weights += [numpy_helper.from_array(rng.normal(0, dim ** -0.5, (dim, dim)).astype(np.float32), f"w{layer}"),
+                    numpy_helper.from_array(rng.normal(0, 0.1, dim).astype(np.float32), f"b{layer}")]
+        nodes += [helper.make_node("MatMul", [f"hidden{layer}", f"w{layer}"], [f"m{layer}"]),
+                  helper.make_node("Add", [f"m{layer}", f"b{layer}"], [f"a{layer}"]),
+                  helper.make_node("Tanh", [f"a{layer}"], [f"t{layer}"]),
+                  helper.make_node("Add", [f"hidden{layer}", f"t{layer}"], [f"hidden{layer + 1}"])]
+    nodes += [helper.make_node("MatMul", [f"hidden{layers}", "dense"], ["scores"]),
+              helper.make_node("Add", ["scores", "bias"], ["logits"])]
     graph = helper.make_graph(
         nodes, "tiny_causal_lm",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),

@@ -67,6 +67,7 @@ def plain_loop(model: str, texts: list[str]) -> tuple[float, float]:
 
 
 def evalbeam_run(gt: str, pred: str, model: str, out: str, extra: list[str]) -> tuple[float, float]:
+    """(seconds, the overall Perplexity record's value) of one evalbeam run."""
     started = time.perf_counter()
     done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
                            "--output", out, "--metrics", "Perplexity", "--lm_uri", model, "--quiet",
@@ -82,14 +83,16 @@ def evalbeam_run(gt: str, pred: str, model: str, out: str, extra: list[str]) -> 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=10_000)
-    parser.add_argument("--vocabulary", type=int, default=2_000)
-    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--vocabulary", type=int, default=500)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=96)
+    parser.add_argument("--lm_batch_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "evalbeam-bench", "models"))
     args = parser.parse_args(argv)
-    folder = os.path.join(args.workdir, f"n{args.texts}_v{args.vocabulary}_d{args.dim}")
+    folder = os.path.join(args.workdir, f"n{args.texts}_v{args.vocabulary}_d{args.dim}_l{args.layers}")
     gt, pred, texts = make_inputs(folder, args.texts, args.vocabulary)
-    model = str(write_tiny_causal_lm(os.path.join(folder, "lm"), dim=args.dim,
+    model = str(write_tiny_causal_lm(os.path.join(folder, "lm"), dim=args.dim, layers=args.layers,
                                      words=[f"w{i}" for i in range(args.vocabulary)] + ["."]))
     runs: dict = {"loop": [], "evalbeam": [], "evalbeam, 2 workers": []}
     for repeat in range(args.repeats):
@@ -97,7 +100,8 @@ def main(argv: list[str]) -> int:
         runs["loop"].append(seconds)
         for label, extra in (("evalbeam", []), ("evalbeam, 2 workers", [
                 "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])):
-            seconds, mean = evalbeam_run(gt, pred, model, os.path.join(folder, "out"), extra)
+            seconds, mean = evalbeam_run(gt, pred, model, os.path.join(folder, "out"),
+                                         ["--lm_batch_size", str(args.lm_batch_size), *extra])
             runs[label].append(seconds)
             # the same numbers: the batched, padded runs agree with the loop
             assert math.isclose(mean, loop_mean, rel_tol=1e-6), (mean, loop_mean)
@@ -105,7 +109,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
     print("\n".join(machine_info()))
     print(f"\nPerplexity of {args.texts:,} texts (20-80 words), tiny causal LM V={args.vocabulary:,} "
-          f"D={args.dim}, ONNX Runtime on CPU; medians of {args.repeats}\n")
+          f"D={args.dim}, {args.layers} layers, ONNX Runtime on CPU, --lm_batch_size "
+          f"{args.lm_batch_size}; medians of {args.repeats}\n")
     print("| what | seconds | / loop |")
     print("|---|---:|---:|")
     loop = statistics.median(runs["loop"])

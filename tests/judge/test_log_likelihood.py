@@ -245,3 +245,13 @@ def test_a_text_the_model_cannot_take_fails_alone(tmp_path):
     assert rows["a"]["status"] == "ok" and rows["b"]["status"] == "model_error"
     assert rows["b"]["details"]["error"]
     assert json.load(open(out / "run.json", encoding="utf-8"))["status"] == "incomplete"
+
+
+
+def test_batches_are_bounded_by_count_and_padded_tokens():
+    from evalbeam.transforms.judge.local_lm import batches
+
+    assert batches(list("abcde"), [1, 1, 2, 2, 3], 2) == [["a", "b"], ["c", "d"], ["e"]]
+    # 3 x 4 padded tokens > 10: the third item of length 4 starts a new batch
+    assert batches(list("abcd"), [2, 4, 4, 20], 8, max_tokens=10) == [["a", "b"], ["c"], ["d"]]
+    assert batches([], [], 4) == []

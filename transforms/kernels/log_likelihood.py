@@ -12,19 +12,13 @@ starts (the last at the prompt's end).
   perplexity(lp)                    exp(ANLL) over every token that has a log-probability
                                     (all but the first): >= 1, lower is better; None for fewer
                                     than two tokens.
-  next_token_logprobs(logits, ids)  a causal LM's logits float[T, V] for the tokens ids int[T]
-                                    -> log p(ids[t] | ids[<t]) = logits[t-1, ids[t]] -
-                                    logsumexp(logits[t-1]) for t >= 1 (float64; [0] is NaN,
-                                    nothing conditions the first token).
-
-Sums are taken with math.fsum, so the order of the tokens does not change the last bit.
+(Per-token log-probabilities of a model on the workers come from the runtime itself:
+transforms/judge/local_lm.py appends a log-softmax to the model's graph.)
 """
 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 
 def scored_values(token_logprobs: list, text_offset: list, start: int, length: int) -> list[float]:
@@ -47,15 +41,3 @@ def perplexity(token_logprobs: list) -> float | None:
         return None
     return math.exp(-math.fsum(values) / len(values))
 
-
-def next_token_logprobs(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    logits = np.asarray(logits, dtype=np.float64)
-    ids = np.asarray(ids, dtype=np.int64)
-    out = np.full(ids.shape[0], np.nan)
-    if ids.shape[0] < 2:
-        return out
-    previous = logits[:ids.shape[0] - 1]
-    top = previous.max(axis=1, keepdims=True)
-    log_norm = top[:, 0] + np.log(np.exp(previous - top).sum(axis=1))
-    out[1:] = previous[np.arange(ids.shape[0] - 1), ids[1:]] - log_norm
-    return out
