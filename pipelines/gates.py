@@ -41,7 +41,7 @@ GATES_JSON = "gates.json"
 LOWER_IS_BETTER = {"ECE", "MCE", "BrierScore", "Hallucination", "Bias", "Toxicity", "Sexism",
                    "Stereotypes", "ContactInformation", "LanguageMismatch", "Perplexity",
                    "GPTScoreTranslation", "GPTScoreSummarization", "GPTScoreQA",
-                   "GPTScoreSummarizationNoReference"}
+                   "GPTScoreSummarizationNoReference", "ToxicityClassifier", "FairnessBias"}
 LOWER_IS_BETTER_FIELDS = {"fail", "retrieval_failure", "generation_failure", "parse_failure",
                           "longest_repeated_substring", "compression_ratio"}
 UNDIRECTED = {"Queries", "Counts", "SummaryCoherence"}

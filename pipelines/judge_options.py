@@ -41,7 +41,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                         "Perplexity and the GPTScore metrics instead of the endpoint (needs "
                         "evalbeam[models])")
     g.add_argument("--lm_batch_size", type=int, default=16, metavar="N",
-                   help="sequences per model call with --lm_uri (default 16)")
+                   help="sequences per model call with --lm_uri and --model_uri (default 16)")
+    g.add_argument("--model_uri", action="append", default=[], metavar="METRIC=DIR",
+                   help="the model of a metric scored on the workers: a text classifier for "
+                        "ToxicityClassifier, FairnessBias, HHEM (model.onnx, tokenizer.json, "
+                        "config.json), an encoder for BERTScore (model.onnx, tokenizer.json); "
+                        "ONNX, repeatable, needs evalbeam[models]")
+    g.add_argument("--bertscore_baseline", default=None, metavar="P,R,F",
+                   help="rescale BERTScore with these baselines of the model (bert-score's "
+                        "rescale_with_baseline files): (v - b) / (1 - b)")
     g.add_argument("--judge_api_key_env", default=None, metavar="NAME",
                    help=f"name of the environment variable holding the API key (default {DEFAULT_KEY_ENV}, "
                         "sent when set); the key itself is never an option. A variable named here "
@@ -105,14 +113,80 @@ def _workers(beam_args: list[str]) -> int:
     return 1
 
 
+def model_uris(values: list[str]) -> dict:
+    """{metric: folder} of --model_uri METRIC=DIR options; raises UsageError for a metric that
+    takes no classifier or a metric given twice."""
+    from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS
+
+    out: dict = {}
+    for value in values:
+        metric, _, uri = value.partition("=")
+        if metric not in CLASSIFIER_METRICS or not uri:
+            raise UsageError(f"--model_uri takes METRIC=DIR with METRIC one of "
+                             f"{', '.join(CLASSIFIER_METRICS)}; got {value!r}")
+        if metric in out:
+            raise UsageError(f"--model_uri names {metric} twice")
+        out[metric] = uri.rstrip("/")
+    return out
+
+
+def bertscore_baseline(text: str | None) -> tuple | None:
+    """(P, R, F) of --bertscore_baseline, each below 1; None without it."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(math.isfinite(v) and v < 1 for v in values):
+        raise UsageError("--bertscore_baseline takes three numbers below 1: P,R,F (bert-score's "
+                         f"baseline of the model and layer); got {text!r}")
+    return values
+
+
+def classifier_models(values: list[str]) -> tuple:
+    """((metric, folder, label names), ...) of the --model_uri options, each folder checked:
+    ONNX Runtime installed, model.onnx, tokenizer.json and config.json present, the labels
+    readable. Raises UsageError (one paragraph) before anything runs."""
+    uris = model_uris(values)
+    if not uris:
+        return ()
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.judge.local_classifier import read_config
+    from evalbeam.transforms.judge.local_models import missing_runtime
+
+    problem = missing_runtime("--model_uri")
+    if problem:
+        raise UsageError(problem)
+    out = []
+    for metric, uri in sorted(uris.items()):
+        needed = ("model.onnx", "tokenizer.json") + (() if metric == "BERTScore" else ("config.json",))
+        missing = [name for name in needed if not FileSystems.exists(FileSystems.join(uri, name))]
+        if missing:
+            raise UsageError(f"--model_uri {metric}={uri}: no {' and no '.join(missing)} there; the "
+                             "folder must hold an ONNX export of a text classifier with its "
+                             "tokenizer.json and config.json (pipelines/text.md, Classifier metrics)")
+        if metric == "BERTScore":
+            out.append((metric, uri, ()))
+            continue
+        try:
+            labels = read_config(uri)["labels"]
+        except (ValueError, TypeError, AttributeError) as error:
+            raise UsageError(f"--model_uri {metric}={uri}: config.json cannot be read ({error})") from None
+        out.append((metric, uri, tuple(labels)))
+    return tuple(out)
+
+
 def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     """(JudgeSettings, JudgeMetricConfig, journal root) from the parsed options. needs_url
-    False: only log-likelihood metrics are asked, which --lm_uri answers without an endpoint."""
+    False: only metrics that models on the workers answer are asked (--lm_uri, --model_uri),
+    so no endpoint is needed."""
     from evalbeam.transforms.judge.metrics import JudgeMetricConfig
     from evalbeam.transforms.judge.templates import TemplateError, load_byop
     from evalbeam.transforms.judge.transform import JudgeSettings
 
-    local_only = bool(args.lm_uri) and not needs_url
+    local_only = not needs_url
     if not args.judge_url and not local_only:
         raise UsageError("judge metrics need --judge_url (an OpenAI-compatible API base URL, "
                          f"{DEFAULT_URL_HINT}); or pick metrics without a judge with --metrics")
@@ -142,8 +216,10 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     workers = args.judge_workers or _workers(beam_args)
     if args.lm_batch_size < 1:
         raise UsageError("--lm_batch_size must be 1 or more")
+    classifiers = classifier_models(args.model_uri)
     settings = JudgeSettings(
         url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
+        classifier_uris=tuple(uri for _, uri, _ in classifiers),
         api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
         tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,
@@ -153,7 +229,8 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
         dry_run=args.judge_dry_run)
     config = JudgeMetricConfig(
         model=args.judge_model, embedding_model=args.judge_embedding_model,
-        lm_model=args.lm_uri or args.judge_lm_model,
+        lm_model=args.lm_uri or args.judge_lm_model, classifiers=classifiers,
+        bertscore_baseline=bertscore_baseline(args.bertscore_baseline),
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
         both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),

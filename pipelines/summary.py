@@ -153,7 +153,8 @@ def text_summary(metrics_path: str, counts: dict) -> str:
         cells = found.setdefault((record["model"], where), {})
         kind, value = record["type"], record["value"]
         if "counts" in record:   # a judge metric: one line each, below
-            label = record["parameters"].get("template") or record["parameters"].get("aspect")
+            label = (record["parameters"].get("template") or record["parameters"].get("aspect")
+                     or record["parameters"].get("label") or record["parameters"].get("component"))
             name = kind + (f" ({label})" if label else "")
             n = sum(record["counts"].values())
             others = ", ".join(f"{k} {v}" for k, v in record["counts"].items() if k != "ok")

@@ -16,7 +16,7 @@ from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.judge_options import add_judge_arguments
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
-from evalbeam.transforms.judge.metrics import JUDGE_METRICS, LIKELIHOOD_METRICS
+from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS, JUDGE_METRICS, LIKELIHOOD_METRICS
 from evalbeam.transforms.kernels.text import LOCAL_METRICS, TextConfig
 
 TASK = "text"
@@ -30,7 +30,8 @@ def add_arguments(parser) -> None:
                         help="metric types, comma-separated, or 'all' (default: every local metric, "
                              "plus every judge metric when --judge_url is given, BYOP with "
                              "--judge_byop; the log-likelihood metrics, which need a completions "
-                             f"model (--judge_lm_model), only by name): {', '.join(METRICS)}")
+                             "model (--judge_lm_model), only by name or with --lm_uri; the "
+                             f"classifier metrics with --model_uri): {', '.join(METRICS)}")
     parser.add_argument("--rouge_types", default="rouge1,rouge2,rougeL,rougeLsum", metavar="TYPES",
                         help="ROUGE types (rougeN, rougeL, rougeLsum; default all four)")
     parser.add_argument("--rouge_use_stemmer", action="store_true",
@@ -40,17 +41,21 @@ def add_arguments(parser) -> None:
     add_judge_arguments(parser)
 
 
-def parse_metrics(text: str, judge: bool = False, byop: bool = False, lm: bool = False) -> frozenset:
+def parse_metrics(text: str, judge: bool = False, byop: bool = False, lm: bool = False,
+                  classifiers=()) -> frozenset:
     """The metric names asked; 'all' is every local metric, plus the judge metrics when a judge
     is configured (BYOP only with templates; the log-likelihood metrics by name, or with a local
-    model, lm: a chat judge's endpoint usually cannot echo prompt log-probabilities)."""
+    model, lm: a chat judge's endpoint usually cannot echo prompt log-probabilities; the
+    classifier metrics whose model --model_uri gives)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
         wanted = set(LOCAL_METRICS)
         if judge:
-            wanted |= set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS) - ({"BYOP"} if not byop else set())
+            wanted |= (set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS) - set(CLASSIFIER_METRICS)
+                       - ({"BYOP"} if not byop else set()))
         if lm:
             wanted |= set(LIKELIHOOD_METRICS)
+        wanted |= set(classifiers)
         return frozenset(wanted)
     unknown = sorted(set(names) - set(METRICS))
     if unknown or not names:
@@ -75,14 +80,23 @@ def configure(args) -> TextConfig:
     weights = parse_float_list(args.bleu_weights, "--bleu_weights")
     if not weights or any(w < 0 for w in weights):
         raise UsageError("--bleu_weights takes one or more non-negative numbers")
-    metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop), bool(args.lm_uri))
+    from evalbeam.pipelines.judge_options import model_uris
+
+    classifiers = model_uris(args.model_uri)
+    metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop), bool(args.lm_uri),
+                            classifiers)
     judge = {}
     if args.lm_uri and metrics & set(LIKELIHOOD_METRICS):
         check_model_folder(args.lm_uri)
+    unserved = sorted(set(CLASSIFIER_METRICS) & metrics - set(classifiers))
+    if unserved:
+        raise UsageError(f"{', '.join(unserved)} need their classifier: --model_uri "
+                         f"{unserved[0]}=DIR (pipelines/text.md, Classifier metrics)")
     if metrics & set(JUDGE_METRICS):
         from evalbeam.pipelines.judge_options import judge_setup
 
-        needs_url = bool(metrics & (set(JUDGE_METRICS) - set(LIKELIHOOD_METRICS))) or not args.lm_uri
+        local = set(CLASSIFIER_METRICS) | (set(LIKELIHOOD_METRICS) if args.lm_uri else set())
+        needs_url = bool(metrics & (set(JUDGE_METRICS) - local))
         settings, judge_config, journal = judge_setup(args, args.beam_args, needs_url)
         if "BYOP" in metrics and not judge_config.byop:
             raise UsageError("metric BYOP needs at least one --judge_byop FILE")
@@ -103,7 +117,7 @@ def check_model_folder(uri: str) -> None:
     be installed: checked before anything is read or written."""
     from apache_beam.io.filesystems import FileSystems
 
-    from evalbeam.transforms.judge.local_lm import missing_runtime
+    from evalbeam.transforms.judge.local_models import missing_runtime
 
     problem = missing_runtime()
     if problem:

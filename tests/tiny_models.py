@@ -20,7 +20,6 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layer
     h + tanh(h W + b) of width dim, then a dense layer) over [UNK], [BOS] and `words`; the
     tokenizer lower-cases, splits on words and punctuation and starts every text with [BOS].
     Returns the folder."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -60,6 +59,14 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layer
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", size])],
         initializer=weights)
+    return save(graph, folder)
+
+
+def save(graph, folder: Path) -> Path:
+    """The graph as folder/model.onnx (opset 17, an IR version every ONNX Runtime reads)."""
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.checker.check_model(model)
@@ -94,3 +101,124 @@ def direct_logprobs(folder, text: str) -> tuple[list, list]:
 
 def vocabulary(folder) -> dict:
     return json.loads((Path(folder) / "tokenizer.json").read_text())["model"]["vocab"]
+
+
+def write_tiny_classifier(folder, labels, multi_label: bool = False, dim: int = 8, seed: int = 1,
+                          words=WORDS) -> Path:
+    """A sequence classifier (masked mean of word + segment embeddings, then a dense layer to
+    len(labels) logits) with a BERT-style tokenizer ([CLS] text, or [CLS] text [SEP] pair with
+    segment ids 0 / 1) and config.json (id2label; problem_type multi_label_classification when
+    multi_label). Returns the folder."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2}
+    for word in words:
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = Lowercase()
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.post_processor = TemplateProcessing(single="[CLS] $A", pair="[CLS] $A [SEP] $B:1",
+                                                  special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"id2label": {str(i): name for i, name in enumerate(labels)}}
+    if multi_label:
+        config["problem_type"] = "multi_label_classification"
+    (folder / "config.json").write_text(json.dumps(config))
+
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array(rng.normal(0, 1, (len(vocab), dim)).astype(np.float32), "embedding"),
+               numpy_helper.from_array(rng.normal(0, 1, (2, dim)).astype(np.float32), "segments"),
+               numpy_helper.from_array(rng.normal(0, 1, (dim, len(labels))).astype(np.float32), "dense"),
+               numpy_helper.from_array(rng.normal(0, 0.5, len(labels)).astype(np.float32), "bias"),
+               numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+               numpy_helper.from_array(np.array([2], np.int64), "axis2")]
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["words"]),
+             helper.make_node("Gather", ["segments", "token_type_ids"], ["segment"]),
+             helper.make_node("Add", ["words", "segment"], ["hidden"]),
+             helper.make_node("Unsqueeze", ["attention_mask", "axis2"], ["mask3"]),
+             helper.make_node("Cast", ["mask3"], ["maskf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["hidden", "maskf"], ["masked"]),
+             helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+             helper.make_node("ReduceSum", ["maskf", "axis1"], ["count"], keepdims=0),
+             helper.make_node("Div", ["summed", "count"], ["pooled"]),
+             helper.make_node("MatMul", ["pooled", "dense"], ["scores"]),
+             helper.make_node("Add", ["scores", "bias"], ["logits"])]
+    ints = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+            for name in ("input_ids", "attention_mask", "token_type_ids")]
+    graph = helper.make_graph(nodes, "tiny_classifier", ints,
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(labels)])],
+                              initializer=weights)
+    return save(graph, folder)
+
+
+def direct_probabilities(folder, text: str, pair: str | None = None) -> dict:
+    """{label: probability} of one text (or pair) with ONNX Runtime alone, as config.json says:
+    sigmoid per label for multi-label models, else softmax; first 512 tokens."""
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(512)
+    encoding = tokenizer.encode(text, pair) if pair is not None else tokenizer.encode(text)
+    ids = np.array([encoding.ids], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+             "token_type_ids": np.array([encoding.type_ids], np.int64)}
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits = session.run(["logits"], feeds)[0][0].astype(np.float64)
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("problem_type") == "multi_label_classification" or logits.size == 1:
+        values = 1 / (1 + np.exp(-logits))
+    else:
+        values = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    return {config["id2label"][str(i)]: float(v) for i, v in enumerate(values)}
+
+
+def write_tiny_encoder(folder, dim: int = 8, seed: int = 4, words=WORDS) -> Path:
+    """A contextual encoder for BERTScore: each token's word + segment embedding plus the
+    masked mean of the whole text's (so a token's vector depends on its context, and padding
+    changes nothing); output last_hidden_state [batch, tokens, dim]; the BERT-style tokenizer of
+    write_tiny_classifier. Returns the folder."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder = write_tiny_classifier(folder, ["unused"], dim=dim, seed=seed, words=words)
+    model = onnx.load(str(folder / "model.onnx"))
+    graph = model.graph
+    keep = [n for n in graph.node if n.output[0] not in ("scores", "logits")]
+    del graph.node[:]
+    graph.node.extend(keep + [
+        helper.make_node("Unsqueeze", ["pooled", "axis1"], ["context"]),
+        helper.make_node("Add", ["hidden", "context"], ["last_hidden_state"])])
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
+                                                      ["batch", "sequence", dim]))
+    for name in ("dense", "bias"):
+        graph.initializer.remove(next(i for i in graph.initializer if i.name == name))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(folder / "model.onnx"))
+    (folder / "config.json").unlink()
+    return folder
+
+
+def direct_token_vectors(folder, text: str) -> np.ndarray:
+    """float64[n, dim] hidden states of one text's non-special tokens, ONNX Runtime alone."""
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(512)
+    encoding = tokenizer.encode(text)
+    ids = np.array([encoding.ids], np.int64)
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    hidden = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                                 "token_type_ids": np.zeros_like(ids)})[0][0]
+    return hidden[np.array(encoding.special_tokens_mask) == 0].astype(np.float64)

@@ -249,9 +249,122 @@ def test_a_text_the_model_cannot_take_fails_alone(tmp_path):
 
 
 def test_batches_are_bounded_by_count_and_padded_tokens():
-    from evalbeam.transforms.judge.local_lm import batches
+    from evalbeam.transforms.judge.local_models import batches
 
     assert batches(list("abcde"), [1, 1, 2, 2, 3], 2) == [["a", "b"], ["c", "d"], ["e"]]
     # 3 x 4 padded tokens > 10: the third item of length 4 starts a new batch
     assert batches(list("abcd"), [2, 4, 4, 20], 8, max_tokens=10) == [["a", "b"], ["c"], ["d"]]
     assert batches([], [], 4) == []
+
+
+# ---------------------------------------------------------------- classifiers on the workers
+
+def test_classifier_metrics_match_onnx_runtime_on_two_workers(tmp_path):
+    """--model_uri: tiny classifiers (multi-label toxicity with sigmoids, a 2-class bias model
+    with softmax, a one-output pair model for HHEM) give per datum what ONNX Runtime gives on
+    each text alone, to 1e-6: toxicity the max over sentences per label, bias the "Biased"
+    label, HHEM the max over contexts of the pair's sigmoid."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    from evalbeam.transforms.kernels.judge_scores import split_sentences as split
+    from tiny_models import direct_probabilities, write_tiny_classifier
+
+    toxic = write_tiny_classifier(tmp_path / "tox", ["toxic", "insult", "threat"], multi_label=True)
+    bias = write_tiny_classifier(tmp_path / "bias", ["Non-biased", "Biased"], seed=2)
+    hhem = write_tiny_classifier(tmp_path / "hhem", ["consistency"], seed=3)
+    truths = [{"datum_uid": u, "query": "q"} for u in ("a", "b", "c")]
+    predictions = [
+        {"datum_uid": "a", "response": "The tower stands in Paris. It is old!",
+         "contexts": ["The tower is in Paris.", "It was built by the city."]},
+        {"datum_uid": "b", "response": "red", "contexts": []},
+        {"datum_uid": "c", "response": "Blue river and the old bridge."}]
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+    pred = write_jsonl(tmp_path / "pred.jsonl", predictions)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out,
+         "--metrics", "ToxicityClassifier,FairnessBias,HHEM", "--model_uri", f"ToxicityClassifier={toxic}",
+         "--model_uri", f"FairnessBias={bias}", "--model_uri", f"HHEM={hhem}", "--lm_batch_size", "2",
+         "--quiet", *MULTIPROCESS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(r["datum_uid"], r["metric"], r["parameters"].get("label")): r
+            for r in map(json.loads, open(out / "scores.jsonl", encoding="utf-8"))}
+    for p in predictions:
+        uid, response = p["datum_uid"], p["response"]
+        for label in ("toxic", "insult", "threat"):
+            want = max(direct_probabilities(toxic, s)[label] for s in split(response))
+            assert math.isclose(rows[(uid, "ToxicityClassifier", label)]["value"], want, rel_tol=1e-6)
+        assert math.isclose(rows[(uid, "FairnessBias", "Biased")]["value"],
+                            direct_probabilities(bias, response)["Biased"], rel_tol=1e-6)
+        row = rows[(uid, "HHEM", None)]
+        if p.get("contexts"):
+            want = max(direct_probabilities(hhem, c, response)["consistency"] for c in p["contexts"])
+            assert math.isclose(row["value"], want, rel_tol=1e-6)
+        else:
+            assert row["status"] == "not_applicable"
+    records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    labels = {r["parameters"].get("label") for r in records if r["type"] == "ToxicityClassifier"}
+    assert labels == {"toxic", "insult", "threat"}
+    bias_record = next(r for r in records if r["type"] == "FairnessBias" and not r["slice"])
+    assert bias_record["parameters"] == {"model_uri": str(bias), "label": "Biased"}
+
+
+def test_a_classifier_metric_without_its_model_stops_before_the_run(tmp_path):
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "r"}])
+    for extra in (["--metrics", "HHEM"], ["--metrics", "HHEM", "--model_uri", "Bias=x"],
+                  ["--metrics", "HHEM", "--model_uri", f"HHEM={tmp_path}"]):
+        done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
+                               "--output", tmp_path / "out", *extra], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "--model_uri" in done.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
+    """--model_uri BERTScore=DIR with a tiny contextual encoder: precision, recall and F1 per
+    datum equal greedy cosine matching computed here from ONNX Runtime's vectors of each text
+    alone (special tokens left out), max over references per component, to 1e-6; with
+    --bertscore_baseline the rescaled values; no references: not_applicable."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    from tiny_models import direct_token_vectors, write_tiny_encoder
+
+    encoder = write_tiny_encoder(tmp_path / "enc")
+    truths = [{"datum_uid": "a", "query": "q", "references": ["The tower is in Paris.", "It stands in Paris, France."]},
+              {"datum_uid": "b", "query": "q", "references": ["Blue."]},
+              {"datum_uid": "c", "query": "q"}]
+    responses = {"a": "The old tower stands in Paris.", "b": "red river", "c": "anything"}
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": u, "response": r} for u, r in responses.items()])
+    baseline = (0.3, 0.2, 0.25)
+
+    def direct(candidate: str, reference: str) -> tuple:
+        c, r = direct_token_vectors(encoder, candidate), direct_token_vectors(encoder, reference)
+        c = c / np.linalg.norm(c, axis=1, keepdims=True)
+        r = r / np.linalg.norm(r, axis=1, keepdims=True)
+        sim = c @ r.T
+        p, rec = sim.max(axis=1).mean(), sim.max(axis=0).mean()
+        return p, rec, 2 * p * rec / (p + rec)
+
+    for rescaled in (False, True):
+        out = tmp_path / f"out{rescaled}"
+        extra = ["--bertscore_baseline", ",".join(map(str, baseline))] if rescaled else []
+        done = subprocess.run(
+            ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out,
+             "--metrics", "BERTScore", "--model_uri", f"BERTScore={encoder}", "--quiet", *extra,
+             *MULTIPROCESS], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = {(r["datum_uid"], r["parameters"]["component"]): r
+                for r in map(json.loads, open(out / "scores.jsonl", encoding="utf-8"))}
+        for truth in truths:
+            uid = truth["datum_uid"]
+            if "references" not in truth:
+                assert rows[(uid, "f1")]["status"] == "not_applicable"
+                continue
+            best = np.max([direct(responses[uid], ref) for ref in truth["references"]], axis=0)
+            for k, component in enumerate(("precision", "recall", "f1")):
+                want = (best[k] - baseline[k]) / (1 - baseline[k]) if rescaled else best[k]
+                assert math.isclose(rows[(uid, component)]["value"], want, rel_tol=1e-6, abs_tol=1e-9)
+        record = next(json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")
+                      if '"BERTScore"' in line and '"f1"' in line)
+        assert record["parameters"]["rescaled"] is rescaled and record["counts"] == {"not_applicable": 1, "ok": 2}

@@ -44,7 +44,7 @@ def outputs(folder):
 def test_every_metric_on_200_datums_with_faults_equals_the_fault_free_run(tmp_path, key_env):
     # 80 datums (500 until issue 16, 200 until issue 17): every judge metric, faults, retries and
     # the journal; the suite's time budget pays for more datums nowhere else
-    from evalbeam.transforms.judge.metrics import JUDGE_METRICS, LIKELIHOOD_METRICS
+    from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS, JUDGE_METRICS, LIKELIHOOD_METRICS
 
     n = 80
     data = write_rag_dataset(str(tmp_path / "data"), n, seed=3, models=("alpha",))
@@ -70,8 +70,10 @@ def test_every_metric_on_200_datums_with_faults_equals_the_fault_free_run(tmp_pa
     assert info2["judge"]["sent"] == 0 and info2["judge"]["cached"] == info2["judge"]["requests"] > 0
     # every datum of every judge metric is scored or counted by status
     overall = [r for r in m1 if r["slice"] == {} and r["type"] in JUDGE_METRICS]
-    # 'all' names every judge metric but BYOP and the log-likelihood ones (a completions model)
-    assert {r["type"] for r in overall} == set(JUDGE_METRICS) - {"BYOP"} - set(LIKELIHOOD_METRICS)
+    # 'all' names every judge metric but BYOP, the log-likelihood ones (a completions model) and
+    # those of models on the workers (--model_uri)
+    assert {r["type"] for r in overall} == (set(JUDGE_METRICS) - {"BYOP"} - set(LIKELIHOOD_METRICS)
+                                            - set(CLASSIFIER_METRICS))
     for record in overall:
         assert sum(record["counts"].values()) == n, record
         assert record["counts"].get("ok", 0) > 0, record

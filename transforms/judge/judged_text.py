@@ -17,8 +17,8 @@ from evalbeam.transforms.kernels.judge_state import JudgeMetricState
 
 def state_key(kind: str, parameters: dict) -> str:
     """TextState.rules key: the type, plus the parameters that tell BYOP templates (and
-    GPTScore's aspects) apart."""
-    extra = {k: v for k, v in parameters.items() if k in ("template", "aspect")}
+    GPTScore's aspects, a classifier's labels) apart."""
+    extra = {k: v for k, v in parameters.items() if k in ("template", "aspect", "label", "component")}
     return kind + (json.dumps(extra, sort_keys=True) if extra else "")
 
 

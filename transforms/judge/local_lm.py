@@ -1,14 +1,6 @@
 """A causal language model on the workers, for the log-likelihood metrics (Perplexity, the
-GPTScore forms) without an endpoint: `--lm_uri DIR`.
-
-The model runs in ONNX Runtime through Beam's RunInference model handler for ONNX
-(apache_beam.ml.inference.onnx_inference.OnnxModelHandlerNumpy: it loads the model from any Beam
-filesystem, and `Shared` keeps one loaded copy per worker process, whatever the number of DoFn
-instances). The judge session (session.py) answers a metric's prompt log-probability request
-(requests.logprob_request) from here instead of the endpoint: requests are queued, and all
-those queued while the datums of a bundle wait are run together, sorted by length, in batches
-of at most `batch_size` right-padded sequences and MAX_BATCH_TOKENS padded tokens (so a batch
-pads little and its memory stays bounded).
+GPTScore forms) without an endpoint: `--lm_uri DIR`. Loading, batching and failures as every
+model on the workers (local_models.py); this module holds what is particular to a causal LM.
 
 The model folder holds what an ONNX export of a Hugging Face causal LM holds (for example
 `optimum-cli export onnx --model distilgpt2 --task text-generation DIR`):
@@ -20,41 +12,15 @@ The model is loaded with a log-softmax and the pick of each next token appended 
 (with_next_token_logprobs), so the runtime returns one number per token rather than the logits
 over the whole vocabulary; token offsets are the tokenizer's character offsets. Models of more
 than 2 GB (ONNX external data) are not supported: the handler reads the model as one stream.
-
-A batch that fails in the runtime (a sequence longer than the model's positions, say) is retried
-one sequence at a time, and a sequence that still fails gets the status model_error with the
-runtime's message: one bad text never stops the run, and the run reports it as a failed datum.
+The answer of one prompt: {"tokens", "token_logprobs" (the first None), "text_offset"}, as an
+endpoint's echo gives them.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
-
-MODEL_ERROR = "model_error"
-# padded tokens per model call at most: the runtime holds tokens x vocabulary floats twice
-# (logits, log-softmax), 2 x 8,192 x 50,257 x 4 bytes = 3.3 GB for GPT-2's vocabulary
-MAX_BATCH_TOKENS = 8192
-_SHARED = {}   # uri -> beam.utils.shared.Shared, one per process
-
-
-class ModelError(Exception):
-    pass
-
-
-def missing_runtime() -> str | None:
-    """What to install for --lm_uri, or None when ONNX Runtime, onnx and tokenizers import."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-        import tokenizers  # noqa: F401
-    except ImportError as error:
-        return (f"--lm_uri runs the model with ONNX Runtime, which is not installed ({error.name} "
-                "is missing): pip install 'evalbeam[models]'")
-    return None
-
+from evalbeam.transforms.judge.local_models import BatchedModel, padded_feeds
 
 NEXT_IDS = "evalbeam_next_ids"
 TOKEN_LOGPROBS = "evalbeam_token_logprobs"
@@ -91,22 +57,12 @@ def with_next_token_logprobs(model):
 
 
 def causal_lm_inference(session, batch, inference_args=None) -> list:
-    """The inference function of the ONNX handler: token id arrays of any lengths, right-padded
+    """The inference function of the handler: (ids, type ids) pairs of any lengths, right-padded
     into one batch -> each one's next-token log-probabilities, float64[T] with [0] NaN (nothing
     conditions the first token)."""
-    lengths = [len(ids) for ids in batch]
-    width = max(lengths)
-    ids = np.zeros((len(batch), width), np.int64)
-    mask = np.zeros((len(batch), width), np.int64)
-    for row, sequence in enumerate(batch):
-        ids[row, :len(sequence)] = sequence
-        mask[row, :len(sequence)] = 1
-    declared = {i.name for i in session.get_inputs()}
-    feeds = {"input_ids": ids, NEXT_IDS: np.concatenate([ids[:, 1:], np.zeros((len(batch), 1), np.int64)], axis=1)}
-    if "attention_mask" in declared:
-        feeds["attention_mask"] = mask
-    if "position_ids" in declared:
-        feeds["position_ids"] = np.maximum(mask.cumsum(axis=1) - 1, 0)
+    feeds, lengths = padded_feeds(session, batch)
+    ids = feeds["input_ids"]
+    feeds[NEXT_IDS] = np.concatenate([ids[:, 1:], np.zeros((len(batch), 1), np.int64)], axis=1)
     picked = session.run([TOKEN_LOGPROBS], feeds)[0].astype(np.float64)
     return [np.concatenate([[np.nan], picked[row, :n - 1]]) for row, n in enumerate(lengths)]
 
@@ -131,102 +87,20 @@ def _handler_class():
     return NextTokenHandler
 
 
-class LocalLM:
-    """The model of one --lm_uri in this process, loaded on first use."""
+class LocalLM(BatchedModel):
+    """The causal LM of one --lm_uri in this process."""
 
-    def __init__(self, uri: str, batch_size: int = 16):
-        self.uri = uri.rstrip("/")
-        self.batch_size = max(1, int(batch_size))
-        self.pending: list = []     # (prompt, future)
-        self.loaded = None
+    inference_fn = causal_lm_inference
 
-    def _load(self):
-        if self.loaded is None:
-            from apache_beam.io.filesystems import FileSystems
-            from apache_beam.utils.shared import Shared
-            from tokenizers import Tokenizer
-            import onnxruntime
+    def handler(self, model_path: str, providers: list):
+        return _handler_class()(model_path, providers=providers, inference_fn=causal_lm_inference)
 
-            providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
-                         if p in onnxruntime.get_available_providers()]
-            handler = _handler_class()(FileSystems.join(self.uri, "model.onnx"),
-                                       providers=providers, inference_fn=causal_lm_inference)
-            shared = _SHARED.setdefault(self.uri, Shared())
-            session = shared.acquire(handler.load_model, tag=self.uri)
-            with FileSystems.open(FileSystems.join(self.uri, "tokenizer.json")) as stream:
-                tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
-            self.loaded = (handler, session, tokenizer)
-        return self.loaded
+    def result(self, encoding, output, extra) -> dict:
+        return {"tokens": encoding.tokens, "token_logprobs": [None] + output[1:].tolist(),
+                "text_offset": token_starts(encoding)}
 
-    async def logprobs(self, prompt: str) -> dict:
-        """The prompt's {"tokens", "token_logprobs", "text_offset"} (the first token's None), as
-        an endpoint's echo gives them; raises ModelError when the runtime fails on it."""
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, future))
-        if len(self.pending) == 1:
-            # after every task that is ready now has queued its request
-            asyncio.get_running_loop().call_soon(self._flush)
-        return await future
-
-    def _flush(self) -> None:
-        pending, self.pending = self.pending, []
-        try:
-            handler, session, tokenizer = self._load()
-            encodings = tokenizer.encode_batch([prompt for prompt, _ in pending])
-        except Exception as error:   # the model or tokenizer cannot be loaded: every request fails
-            for _, future in pending:
-                future.set_exception(ModelError(f"{type(error).__name__}: {error}"))
-            return
-        order = sorted(range(len(pending)), key=lambda i: len(encodings[i].ids))
-        for i in order:
-            if not encodings[i].ids:
-                pending[i][1].set_result({"tokens": [], "token_logprobs": [], "text_offset": []})
-        for chunk in batches([i for i in order if encodings[i].ids],
-                             [len(encodings[i].ids) for i in order if encodings[i].ids],
-                             self.batch_size):
-            for i, values in zip(chunk, self._run(handler, session, [encodings[i].ids for i in chunk])):
-                encoding, future = encodings[i], pending[i][1]
-                if isinstance(values, Exception):
-                    future.set_exception(ModelError(f"{type(values).__name__}: {values}"))
-                    continue
-                future.set_result({
-                    "tokens": encoding.tokens,
-                    "token_logprobs": [None] + values[1:].tolist(),
-                    "text_offset": token_starts(encoding)})
-
-    @staticmethod
-    def _run(handler, session, sequences: list) -> list:
-        """Each sequence's log-probabilities, or the exception the runtime raised on it alone."""
-        if not sequences:
-            return []
-        batch = [np.asarray(ids, np.int64) for ids in sequences]
-        try:
-            return [result.inference for result in handler.run_inference(batch, session)]
-        except Exception as error:
-            if len(batch) == 1:
-                return [error]
-        out = []
-        for one in batch:
-            try:
-                out.append(list(handler.run_inference([one], session))[0].inference)
-            except Exception as error:
-                out.append(error)
-        return out
-
-
-def batches(items: list, lengths: list[int], size: int, max_tokens: int = MAX_BATCH_TOKENS) -> list[list]:
-    """items (sorted by their lengths, ascending) in batches of at most `size` items and at most
-    max_tokens padded tokens (items x the longest length), so that a batch's logits (padded
-    tokens x vocabulary floats) stay bounded; an item longer than max_tokens goes alone."""
-    out, current = [], []
-    for item, length in zip(items, lengths):
-        if current and (len(current) == size or (len(current) + 1) * length > max_tokens):
-            out.append(current)
-            current = []
-        current.append(item)
-    if current:
-        out.append(current)
-    return out
+    def empty_result(self) -> dict:
+        return {"tokens": [], "token_logprobs": [], "text_offset": []}
 
 
 def token_starts(encoding) -> list[int]:

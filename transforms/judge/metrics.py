@@ -54,6 +54,19 @@ Conventions (one per metric; the configurable ones are JudgeMetricConfig fields)
                       the completions model (config.lm_model; `Judge.logprobs`): >= 1, lower is
                       better; a response of fewer than two tokens is not_applicable. The whole
                       response in one request (no sliding window: it must fit the model's context).
+  ToxicityClassifier one record per label of the model (config.json): the label's probability,
+                      max over the response's sentences (detoxify's way); an answer without a
+                      sentence is 0. Lower is better.
+  FairnessBias       the probability of the model's bias label ("Biased"/"Bias" by name, else
+                      label 1) for the response (first 512 tokens). Lower is better.
+  HHEM               factual consistency of the response with a context, max over contexts:
+                      the sigmoid of a one-output pair classifier, else the probability of the
+                      label "consistent" (by name), else of label 1. Higher is better;
+                      no contexts field or [] -> not_applicable.
+  BERTScore          one record per component (precision, recall, f1): greedy cosine matching
+                      of the response's and a reference's token embeddings from the encoder
+                      (kernels/bertscore.py), max over references per component; optionally
+                      rescaled with the model's baseline. No references -> not_applicable.
   GPTScore<form>     one record per aspect (transforms/judge/gptscore.py): the average negative
                       log-likelihood of the target's tokens after the aspect's prompt, lower is
                       better; the reference forms average both directions and take the best
@@ -66,9 +79,12 @@ import asyncio
 from dataclasses import dataclass, field
 
 from evalbeam.transforms.judge import gptscore
-from evalbeam.transforms.judge.requests import INVALID_OUTPUT, JudgeRequest, embedding_request, logprob_request
+from evalbeam.transforms.judge.requests import (INVALID_OUTPUT, JudgeRequest, classify_request,
+                                                embedding_request, logprob_request,
+                                                token_vectors_request)
 from evalbeam.transforms.judge.session import DRY_RUN
 from evalbeam.transforms.kernels import judge_scores as ks
+from evalbeam.transforms.kernels import bertscore as bs
 from evalbeam.transforms.kernels import log_likelihood as ll
 
 
@@ -85,6 +101,10 @@ class JudgeMetricConfig:
     no_statements_relevance: float | None = 1.0  # AnswerRelevance without statements (DeepEval)
     no_claims_faithfulness: float | None = None  # Faithfulness without claims (RAGAS: NaN)
     byop: tuple = ()                             # Templates from users' files (templates.load_byop)
+    # (metric, model folder, its label names) of the classifier metrics (local_classifier.py)
+    # and of BERTScore (local_encoder.py; no labels)
+    classifiers: tuple = ()
+    bertscore_baseline: tuple | None = None      # (P, R, F) baselines: rescaled BERTScore
 
 
 @dataclass
@@ -151,6 +171,16 @@ class Judge:
         record = self._checked(await self.session.call(
             logprob_request(self.config.lm_model, prompt), self.metric))
         return record["content"]
+
+    async def classify(self, model: str, text: str, pair: str | None = None) -> dict:
+        """{"labels", "probabilities"} of a classifier on the workers (requests.classify_request)."""
+        record = self._checked(await self.session.call(classify_request(model, text, pair), self.metric))
+        return record["content"]
+
+    async def token_vectors(self, model: str, text: str):
+        """float[n, H] embeddings of the text's tokens but the special ones (local_encoder.py)."""
+        record = self._checked(await self.session.call(token_vectors_request(model, text), self.metric))
+        return record["content"]["vectors"]
 
     def _checked(self, record: dict) -> dict:
         status = record.get("status")
@@ -624,6 +654,92 @@ def gptscore_program(form: str, aspect: str):
 LIKELIHOOD_METRICS = ("Perplexity",) + gptscore.FORMS
 
 
+# ---------------------------------------------------------------- classifier metrics
+
+def probability_of(answer: dict, label: str | None, index: int = 1) -> float:
+    """The probability of `label` (by name) in a classifier's answer, else of label `index`
+    (the last label when there are fewer)."""
+    labels, values = answer["labels"], answer["probabilities"]
+    if label is not None and label in labels:
+        return float(values[labels.index(label)])
+    return float(values[min(index, len(values) - 1)])
+
+
+def bias_label(labels) -> str:
+    """The label FairnessBias reports: the one named biased/bias, else label 1 (HF's positive
+    class), else the only one."""
+    named = [name for name in labels if name.lower() in ("biased", "bias")]
+    return named[0] if named else labels[min(1, len(labels) - 1)]
+
+
+def toxicity_program(model: str, label: str):
+    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+        sentences = ks.split_sentences(need(d.response, "response"))
+        if not sentences:
+            return Score(0.0)
+        answers = await all_of(*(j.classify(model, sentence) for sentence in sentences))
+        return Score(max(probability_of(answer, label, 0) for answer in answers))
+
+    return program
+
+
+def fairness_bias_program(model: str, label: str):
+    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+        return Score(probability_of(await j.classify(model, need(d.response, "response")), label))
+
+    return program
+
+
+def hhem_program(model: str):
+    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+        response = need(d.response, "response")
+        contexts = need(d.contexts, "contexts")
+        if not contexts:
+            raise NotApplicable("contexts")
+        answers = await all_of(*(j.classify(model, context, response) for context in contexts))
+        return Score(max(probability_of(answer, "consistent") for answer in answers))
+
+    return program
+
+
+BERTSCORE_COMPONENTS = ("precision", "recall", "f1")
+
+
+def bertscore_program(model: str, component: str):
+    index = BERTSCORE_COMPONENTS.index(component)
+
+    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
+        references = need(d.references, "references")
+        if not references:
+            raise NotApplicable("references")
+        response, *refs = await all_of(*(j.token_vectors(model, text)
+                                         for text in [need(d.response, "response"), *references]))
+        value = bs.best([bs.scores(response, ref) for ref in refs])[index]
+        if c.bertscore_baseline is not None:
+            value = bs.rescale(value, c.bertscore_baseline[index])
+        return Score(value)
+
+    return program
+
+
+CLASSIFIER_METRICS = ("ToxicityClassifier", "FairnessBias", "HHEM", "BERTScore")
+
+
+def classifier_programs(name: str, config: JudgeMetricConfig) -> list[tuple[str, dict, object]]:
+    """[(record type, parameters, program)] of one classifier metric: ToxicityClassifier one
+    per label of its model."""
+    model, labels = next((uri, tuple(labels)) for metric, uri, labels in config.classifiers if metric == name)
+    if name == "ToxicityClassifier":
+        return [(name, {"label": label}, toxicity_program(model, label)) for label in labels]
+    if name == "FairnessBias":
+        label = bias_label(labels)
+        return [(name, {"label": label}, fairness_bias_program(model, label))]
+    if name == "BERTScore":
+        return [(name, {"component": component}, bertscore_program(model, component))
+                for component in BERTSCORE_COMPONENTS]
+    return [(name, {}, hhem_program(model))]
+
+
 # ---------------------------------------------------------------- the catalogue
 
 PROGRAMS = {
@@ -653,7 +769,7 @@ PROGRAMS = {
     "ContextPrecisionSimilarity": context_precision_similarity,
     "Perplexity": perplexity,
 }
-JUDGE_METRICS = tuple(PROGRAMS) + gptscore.FORMS + ("BYOP",)
+JUDGE_METRICS = tuple(PROGRAMS) + gptscore.FORMS + CLASSIFIER_METRICS + ("BYOP",)
 EMBEDDING_METRICS = ("AnswerSemanticSimilarity", "AnswerRelevanceSimilarity", "GroundednessSimilarity",
                      "ContextRecallSimilarity", "ContextPrecisionSimilarity")
 
@@ -673,6 +789,9 @@ def metric_programs(metrics, config: JudgeMetricConfig) -> list[tuple[str, dict,
         if name in gptscore.FORMS:
             for aspect in gptscore.ASPECTS[name]:
                 out.append((name, {"aspect": aspect}, gptscore_program(name, aspect)))
+            continue
+        if name in CLASSIFIER_METRICS:
+            out += classifier_programs(name, config)
             continue
         out.append((name, {}, PROGRAMS[name]))
     return out
@@ -728,6 +847,11 @@ def parameters_of(kind: str, extra: dict, config: JudgeMetricConfig) -> dict:
         return {"lm_model": config.lm_model, **extra}
     if kind in gptscore.FORMS:
         return {"lm_model": config.lm_model, "prompt_version": gptscore.PROMPT_VERSION, **extra}
+    if kind in CLASSIFIER_METRICS:
+        model = next(uri for metric, uri, _ in config.classifiers if metric == kind)
+        if kind == "BERTScore":
+            return {"model_uri": model, "rescaled": config.bertscore_baseline is not None, **extra}
+        return {"model_uri": model, **extra}
     if kind == "BYOP":
         return {"judge_model": config.model, **extra}
     names = TEMPLATES_OF[kind]

@@ -38,7 +38,8 @@ def judge_report(counters: dict) -> dict:
 
 
 def _metric_label(record: dict) -> str:
-    label = record["parameters"].get("template") or record["parameters"].get("aspect")
+    label = (record["parameters"].get("template") or record["parameters"].get("aspect")
+             or record["parameters"].get("label") or record["parameters"].get("component"))
     return record["type"] + (f" ({label})" if label else "")
 
 

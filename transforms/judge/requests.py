@@ -54,13 +54,16 @@ class JudgeRequest:
     # "chat": POST /chat/completions; "embedding": POST /embeddings, the one message's content
     # is the input text (role "input") and the response content is the vector; "logprobs":
     # POST /completions with echo, the one message's content is the prompt (role "prompt") and
-    # the response content is its tokens' log-probabilities (PromptLogprobs fields)
+    # the response content is its tokens' log-probabilities (PromptLogprobs fields);
+    # "classify": a text classifier on the workers (local_classifier.py), messages ("text", t)
+    # and optionally ("text_pair", p), content {"labels", "probabilities"}; "tokens": a text
+    # encoder on the workers (local_encoder.py), message ("text", t), content {"vectors"}
     kind: str = "chat"
     # top_logprobs wanted with the answer (chat only; None: no logprobs asked)
     logprobs: int | None = None
 
     def __post_init__(self):
-        if self.kind not in ("chat", "embedding", "logprobs"):
+        if self.kind not in ("chat", "embedding", "logprobs", "classify", "tokens"):
             raise ValueError(f"unknown judge request kind {self.kind!r}")
         pairs = []
         for message in self.messages:
@@ -178,3 +181,16 @@ def logprob_request(model: str, prompt: str) -> JudgeRequest:
     [int]} over the prompt's tokens only; the first token's log-probability is None (nothing
     conditions it)."""
     return JudgeRequest(model=model, messages=(("prompt", prompt),), kind="logprobs")
+
+
+def classify_request(model: str, text: str, pair: str | None = None) -> JudgeRequest:
+    """The request for a classifier's label probabilities of one text, or of a (text, pair)
+    pair (a cross-encoder such as HHEM: context, answer); model is the classifier's folder."""
+    messages = (("text", text),) if pair is None else (("text", text), ("text_pair", pair))
+    return JudgeRequest(model=model, messages=messages, kind="classify")
+
+
+def token_vectors_request(model: str, text: str) -> JudgeRequest:
+    """The request for the contextual embeddings of a text's tokens (BERTScore); model is the
+    encoder's folder."""
+    return JudgeRequest(model=model, messages=(("text", text),), kind="tokens")

@@ -63,6 +63,10 @@ def simulated_content(request):
         return stand_in.embed(request.messages[0][1], stand_in.EMBEDDING_DIM), ""
     if request.kind == "logprobs":
         return stand_in.prompt_logprobs(request.messages[0][1]), ""
+    if request.kind == "classify":   # a dry run's placeholder: no model is run
+        return {"labels": ["LABEL_0"], "probabilities": [0.0]}, ""
+    if request.kind == "tokens":
+        return {"vectors": [[1.0]]}, ""
     body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
     if request.schema is not None:
         body["response_format"] = {"type": "json_schema",
@@ -112,6 +116,7 @@ class JudgeSession:
         self.calls_left = None if s.max_calls is None else s.max_calls / workers
         self.cost_left = None if s.max_cost is None else s.max_cost / workers
         self.local = None
+        self.models: dict = {}       # (request kind, folder) -> a model on this worker
         if s.lm_uri:
             from evalbeam.transforms.judge.local_lm import LocalLM
 
@@ -190,7 +195,11 @@ class JudgeSession:
 
         s = self.settings
         if request.kind == "logprobs" and self.local is not None:
-            return await self._local(h, request, metric)
+            return await self._local(h, request, metric, self.local.ask(request.messages[0][1]))
+        if request.kind in ("tokens", "classify"):
+            text = request.messages[0][1] if len(request.messages) == 1 else \
+                (request.messages[0][1], request.messages[1][1])
+            return await self._local(h, request, metric, self._model(request).ask(text))
         prompt, completion = self._estimate(request)
         if s.dry_run:
             content, text = simulated_content(request)
@@ -232,19 +241,32 @@ class JudgeSession:
             self.stats[key] = min(self.stats.get(key, response.error), response.error)
         return record
 
-    async def _local(self, h, request, metric) -> dict:
-        """A prompt log-probability request answered by the model on this worker (local_lm.py):
-        nothing is sent, journaled or priced; a dry run does not run the model."""
-        from evalbeam.transforms.judge.local_lm import MODEL_ERROR, ModelError
+    def _model(self, request):
+        """The model on this worker of a "tokens" (encoder) or "classify" request's folder."""
+        key = (request.kind, request.model)
+        if key not in self.models:
+            if request.kind == "tokens":
+                from evalbeam.transforms.judge.local_encoder import LocalEncoder as kind
+            else:
+                from evalbeam.transforms.judge.local_classifier import LocalClassifier as kind
+            self.models[key] = kind(request.model, self.settings.lm_batch_size)
+        return self.models[key]
+
+    async def _local(self, h, request, metric, answer) -> dict:
+        """A request answered by a model on this worker (local_lm.py, local_classifier.py; answer:
+        the model's coroutine): nothing is sent, journaled or priced; a dry run does not run the
+        model."""
+        from evalbeam.transforms.judge.local_models import MODEL_ERROR, ModelError
 
         self.stats["local"] += 1
         self.stats[f"local@{metric}"] += 1
         if self.settings.dry_run:
+            answer.close()
             content, _ = simulated_content(request)
             self._count(metric, DRY_RUN, 0, 0, 0.0)
             return {"hash": h, "status": DRY_RUN, "content": content, "cached": False}
         try:
-            content = await self.local.logprobs(request.messages[0][1])
+            content = await answer
         except ModelError as error:
             self._count(metric, MODEL_ERROR, 0, 0, 0.0)
             key = f"sample:{MODEL_ERROR}"

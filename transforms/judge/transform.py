@@ -47,6 +47,8 @@ class JudgeSettings:
     # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
     lm_uri: str | None = None
     lm_batch_size: int = 16
+    # text classifiers on the workers answer the classify requests of their folder
+    classifier_uris: tuple = ()
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0

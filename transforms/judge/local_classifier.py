@@ -1,0 +1,71 @@
+"""Text classifiers on the workers, for the classifier metrics (ToxicityClassifier, FairnessBias,
+HHEM): `--model_uri METRIC=DIR`. Loading, batching and failures as every model on the workers
+(local_models.py); this module holds what is particular to a classifier.
+
+The model folder holds what an ONNX export of a Hugging Face sequence classifier holds
+(`optimum-cli export onnx --model unitary/toxic-bert --task text-classification DIR`):
+  model.onnx       inputs input_ids int64[B, T] (attention_mask and token_type_ids fed when
+                   declared), output "logits" (else the first output) float[B, L]
+  tokenizer.json   its tokenizer; texts are cut to MAX_TOKENS tokens (512, as BERT-family
+                   classifiers are trained), a pair (context, answer) is encoded as a pair
+  config.json      id2label (label names; LABEL_i when absent) and problem_type:
+                   "multi_label_classification" gives each label's sigmoid, anything else the
+                   softmax over the labels; a model with one output gives its sigmoid.
+The answer of one text: {"labels": [name], "probabilities": [float]}.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from evalbeam.transforms.judge.local_models import MAX_TOKENS, BatchedModel, output_named, padded_feeds
+
+
+def read_config(uri: str) -> dict:
+    """{"labels": [names in index order], "multi_label": bool} of a model folder's config.json."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(FileSystems.join(uri.rstrip("/"), "config.json")) as stream:
+        config = json.loads(stream.read().decode("utf-8"))
+    id2label = config.get("id2label") or {}
+    size = len(id2label) or int(config.get("num_labels", 1))
+    labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(size)]
+    return {"labels": labels, "multi_label": config.get("problem_type") == "multi_label_classification"}
+
+
+def probabilities(logits: np.ndarray, multi_label: bool) -> np.ndarray:
+    """float64[B, L] probabilities of logits float[B, L]: sigmoid per label when multi_label or
+    L == 1, else the softmax over the labels."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if multi_label or logits.shape[1] == 1:
+        return 1.0 / (1.0 + np.exp(-logits))
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def classifier_inference(session, batch, inference_args=None) -> list:
+    """(ids, type ids) pairs right-padded into one batch -> each one's logits float[L]."""
+    feeds, _ = padded_feeds(session, batch)
+    logits = session.run([output_named(session, "logits")], feeds)[0]
+    return list(np.asarray(logits).reshape(len(batch), -1))
+
+
+class LocalClassifier(BatchedModel):
+    inference_fn = classifier_inference
+
+    def prepare(self, tokenizer) -> None:
+        tokenizer.enable_truncation(MAX_TOKENS)
+
+    def extra(self):
+        return read_config(self.uri)
+
+    def result(self, encoding, output, config) -> dict:
+        probs = probabilities(np.asarray(output).reshape(1, -1), config["multi_label"])[0]
+        labels = (config["labels"] if len(config["labels"]) == probs.size
+                  else [f"LABEL_{k}" for k in range(probs.size)])
+        return {"labels": labels, "probabilities": probs.tolist()}
+
+    def empty_result(self) -> dict:     # never: the tokenizer adds its special tokens
+        raise ValueError("a text without any token")

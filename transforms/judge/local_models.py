@@ -1,0 +1,186 @@
+"""Models on the workers: what the causal LM (local_lm.py), the classifiers (local_classifier.py)
+and the encoder (local_encoder.py) share.
+
+Each model runs in ONNX Runtime through Beam's RunInference model handler for ONNX
+(apache_beam.ml.inference.onnx_inference.OnnxModelHandlerNumpy, or a subclass): it loads the
+model from any Beam filesystem, and `Shared` keeps one loaded copy per worker process whatever
+the number of DoFn instances. The judge session (session.py) hands a model the requests of its
+kind. A request is queued, and every request queued while the datums of a bundle wait is run
+together: sorted by length, in right-padded batches of at most `batch_size` texts and
+MAX_BATCH_TOKENS padded tokens (batches()). A batch the runtime refuses is retried one text at a
+time, and a text that still fails raises ModelError, which the session turns into the datum's
+status model_error: one bad text never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+MODEL_ERROR = "model_error"
+# padded tokens per model call at most: the runtime may hold tokens x vocabulary floats twice
+# (a causal LM's logits and log-softmax), 2 x 8,192 x 50,257 x 4 bytes = 3.3 GB for GPT-2
+MAX_BATCH_TOKENS = 8192
+MAX_TOKENS = 512            # classifiers and encoders read at most this many tokens of a text
+_SHARED: dict = {}          # model folder -> beam.utils.shared.Shared, one per process
+
+
+class ModelError(Exception):
+    pass
+
+
+def missing_runtime(option: str = "--lm_uri") -> str | None:
+    """What to install for a model on the workers, or None when ONNX Runtime, onnx and
+    tokenizers import."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+    except ImportError as error:
+        return (f"{option} runs the model with ONNX Runtime, which is not installed ({error.name} "
+                "is missing): pip install 'evalbeam[models]'")
+    return None
+
+
+def batches(items: list, lengths: list[int], size: int, max_tokens: int = MAX_BATCH_TOKENS) -> list[list]:
+    """items (sorted by their lengths, ascending) in batches of at most `size` items and at most
+    max_tokens padded tokens (items x the longest length), so that a batch's memory stays
+    bounded; an item longer than max_tokens goes alone."""
+    out, current = [], []
+    for item, length in zip(items, lengths):
+        if current and (len(current) == size or (len(current) + 1) * length > max_tokens):
+            out.append(current)
+            current = []
+        current.append(item)
+    if current:
+        out.append(current)
+    return out
+
+
+def padded_feeds(session, batch: list) -> tuple[dict, list[int]]:
+    """(feeds, lengths) of (ids, type ids) int arrays right-padded into one batch: input_ids,
+    and attention_mask, token_type_ids and position_ids when the graph declares them."""
+    lengths = [len(ids) for ids, _ in batch]
+    width = max(lengths)
+    ids = np.zeros((len(batch), width), np.int64)
+    types = np.zeros((len(batch), width), np.int64)
+    mask = np.zeros((len(batch), width), np.int64)
+    for row, (sequence, type_ids) in enumerate(batch):
+        ids[row, :len(sequence)] = sequence
+        types[row, :len(sequence)] = type_ids
+        mask[row, :len(sequence)] = 1
+    declared = {i.name for i in session.get_inputs()}
+    feeds = {"input_ids": ids}
+    if "attention_mask" in declared:
+        feeds["attention_mask"] = mask
+    if "token_type_ids" in declared:
+        feeds["token_type_ids"] = types
+    if "position_ids" in declared:
+        feeds["position_ids"] = np.maximum(mask.cumsum(axis=1) - 1, 0)
+    return feeds, lengths
+
+
+def output_named(session, name: str) -> str:
+    """`name` if the graph has that output, else its first output."""
+    outputs = [o.name for o in session.get_outputs()]
+    return name if name in outputs else outputs[0]
+
+
+class BatchedModel:
+    """One model folder in this process, loaded on first use; requests batched as the module
+    docstring says. A subclass sets `inference_fn` (the handler's, of (ids, type ids) pairs)
+    and defines result(encoding, output) and empty_result() (a text without tokens), and may
+    override handler(), prepare(tokenizer) and extra()."""
+
+    inference_fn = None
+
+    def __init__(self, uri: str, batch_size: int = 16):
+        self.uri = uri.rstrip("/")
+        self.batch_size = max(1, int(batch_size))
+        self.pending: list = []     # (text or (text, pair), future)
+        self.loaded = None
+
+    def handler(self, model_path: str, providers: list):
+        from apache_beam.ml.inference.onnx_inference import OnnxModelHandlerNumpy
+
+        return OnnxModelHandlerNumpy(model_path, providers=providers, inference_fn=type(self).inference_fn)
+
+    def prepare(self, tokenizer) -> None:
+        """Truncation and the like, before any text is encoded."""
+
+    def extra(self):
+        """What result() needs besides the model (a classifier's labels)."""
+        return None
+
+    def _load(self):
+        if self.loaded is None:
+            from apache_beam.io.filesystems import FileSystems
+            from apache_beam.utils.shared import Shared
+            from tokenizers import Tokenizer
+            import onnxruntime
+
+            providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
+                         if p in onnxruntime.get_available_providers()]
+            handler = self.handler(FileSystems.join(self.uri, "model.onnx"), providers)
+            session = _SHARED.setdefault(self.uri, Shared()).acquire(handler.load_model, tag=self.uri)
+            with FileSystems.open(FileSystems.join(self.uri, "tokenizer.json")) as stream:
+                tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
+            tokenizer.no_padding()
+            self.prepare(tokenizer)
+            self.loaded = (handler, session, tokenizer, self.extra())
+        return self.loaded
+
+    async def ask(self, text):
+        """The model's answer for one text (or (text, pair)); raises ModelError."""
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((text, future))
+        if len(self.pending) == 1:
+            # after every task that is ready now has queued its request
+            asyncio.get_running_loop().call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        try:
+            handler, session, tokenizer, extra = self._load()
+            encodings = tokenizer.encode_batch([text for text, _ in pending])
+        except Exception as error:   # the model or tokenizer cannot be loaded: every request fails
+            for _, future in pending:
+                future.set_exception(ModelError(f"{type(error).__name__}: {error}"))
+            return
+        for (_, future), encoding in zip(pending, encodings):
+            if not encoding.ids:
+                future.set_result(self.empty_result())
+        order = sorted((i for i, e in enumerate(encodings) if e.ids), key=lambda i: len(encodings[i].ids))
+        for chunk in batches(order, [len(encodings[i].ids) for i in order], self.batch_size):
+            examples = [(np.asarray(encodings[i].ids, np.int64), np.asarray(encodings[i].type_ids, np.int64))
+                        for i in chunk]
+            for i, output in zip(chunk, run_each(handler, session, examples)):
+                future = pending[i][1]
+                if isinstance(output, Exception):
+                    future.set_exception(ModelError(f"{type(output).__name__}: {output}"))
+                else:
+                    future.set_result(self.result(encodings[i], output, extra))
+
+    def result(self, encoding, output, extra) -> dict:
+        raise NotImplementedError
+
+    def empty_result(self) -> dict:
+        raise NotImplementedError
+
+
+def run_each(handler, session, examples: list) -> list:
+    """Each example's output, or the exception the runtime raised on it alone."""
+    try:
+        return [result.inference for result in handler.run_inference(examples, session)]
+    except Exception as error:
+        if len(examples) == 1:
+            return [error]
+    out = []
+    for one in examples:
+        try:
+            out.append(list(handler.run_inference([one], session))[0].inference)
+        except Exception as error:
+            out.append(error)
+    return out
