@@ -368,3 +368,24 @@ def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
         record = next(json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")
                       if '"BERTScore"' in line and '"f1"' in line)
         assert record["parameters"]["rescaled"] is rescaled and record["counts"] == {"not_applicable": 1, "ok": 2}
+
+
+def test_a_text_longer_than_a_model_call_is_refused_without_running(tmp_path):
+    """More tokens than MAX_BATCH_TOKENS: ModelError at once (no logits of unbounded size are
+    asked for); the other texts of the batch are scored."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    import asyncio
+
+    from evalbeam.transforms.judge.local_lm import LocalLM
+    from evalbeam.transforms.judge.local_models import MAX_BATCH_TOKENS, ModelError
+    from tiny_models import write_tiny_causal_lm
+
+    lm = LocalLM(str(write_tiny_causal_lm(tmp_path / "lm")), 4)
+
+    async def both():
+        return await asyncio.gather(lm.ask("the red tower"), lm.ask("the " * MAX_BATCH_TOKENS),
+                                    return_exceptions=True)
+
+    short, long = asyncio.run(both())
+    assert len(short["tokens"]) == 4
+    assert isinstance(long, ModelError) and "8,193 tokens" in str(long)

@@ -9,7 +9,9 @@ kind. A request is queued, and every request queued while the datums of a bundle
 together: sorted by length, in right-padded batches of at most `batch_size` texts and
 MAX_BATCH_TOKENS padded tokens (batches()). A batch the runtime refuses is retried one text at a
 time, and a text that still fails raises ModelError, which the session turns into the datum's
-status model_error: one bad text never stops the run.
+status model_error: one bad text never stops the run. A text of more than MAX_BATCH_TOKENS
+tokens (after a classifier's or encoder's cut to MAX_TOKENS) is not run at all: model_error,
+so one hostile text cannot ask for unbounded memory.
 """
 
 from __future__ import annotations
@@ -152,7 +154,11 @@ class BatchedModel:
         for (_, future), encoding in zip(pending, encodings):
             if not encoding.ids:
                 future.set_result(self.empty_result())
-        order = sorted((i for i, e in enumerate(encodings) if e.ids), key=lambda i: len(encodings[i].ids))
+            elif len(encoding.ids) > MAX_BATCH_TOKENS:   # bounded memory: never run, never cut
+                future.set_exception(ModelError(
+                    f"{len(encoding.ids):,} tokens, more than the {MAX_BATCH_TOKENS:,} a model call holds"))
+        order = sorted((i for i, e in enumerate(encodings) if 0 < len(e.ids) <= MAX_BATCH_TOKENS),
+                       key=lambda i: len(encodings[i].ids))
         for chunk in batches(order, [len(encodings[i].ids) for i in order], self.batch_size):
             examples = [(np.asarray(encodings[i].ids, np.int64), np.asarray(encodings[i].type_ids, np.int64))
                         for i in chunk]
