@@ -81,9 +81,12 @@ def judge_problems(records: list[dict], max_failed_fraction: float,
         text = (f"judge metric {label}: {n_failed:,} of {asked:,} datums could not be judged "
                 f"({statuses}{example}); ")
         if over:
-            hint = ("" if any(p["code"] == "judge_failed" for p in out) else
-                    " Fix the endpoint and run again: answers already received are reused from "
-                    "the journal.")
+            if set(failed) == {"model_error"}:    # a model on the workers, not an endpoint
+                hint = " Fix the model (--lm_uri, --model_uri) or the texts it refused and run again."
+            else:
+                hint = ("" if any(p["code"] == "judge_failed" for p in out) else
+                        " Fix the endpoint and run again: answers already received are reused "
+                        "from the journal.")
             out.append(problem(ERROR, "judge_failed", text + (
                 f"more than --judge_max_failed_fraction {max_failed_fraction:g} allows, and "
                 f"{value}.{hint}")))
