@@ -130,6 +130,23 @@ def model_uris(values: list[str]) -> dict:
     return out
 
 
+def check_model_folder(option: str, uri: str, needed: tuple, what: str) -> None:
+    """A model for the workers (--lm_uri, --model_uri): ONNX Runtime must be installed and the
+    folder must hold the `needed` files; else UsageError (one paragraph), before anything is
+    read or written. what: the kind of model, for the message."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.judge.local_models import missing_runtime
+
+    problem = missing_runtime(option.split()[0])
+    if problem:
+        raise UsageError(problem)
+    missing = [name for name in needed if not FileSystems.exists(FileSystems.join(uri.rstrip("/"), name))]
+    if missing:
+        raise UsageError(f"{option}: no {' and no '.join(missing)} there; the folder must hold an "
+                         f"ONNX export of {what} ({', '.join(needed)}; pipelines/text.md)")
+
+
 def bertscore_baseline(text: str | None) -> tuple | None:
     """(P, R, F) of --bertscore_baseline, each below 1; None without it."""
     if text is None:
@@ -151,25 +168,17 @@ def classifier_models(values: list[str]) -> tuple:
     uris = model_uris(values)
     if not uris:
         return ()
-    from apache_beam.io.filesystems import FileSystems
-
     from evalbeam.transforms.judge.local_classifier import read_config
-    from evalbeam.transforms.judge.local_models import missing_runtime
 
-    problem = missing_runtime("--model_uri")
-    if problem:
-        raise UsageError(problem)
     out = []
     for metric, uri in sorted(uris.items()):
-        needed = ("model.onnx", "tokenizer.json") + (() if metric == "BERTScore" else ("config.json",))
-        missing = [name for name in needed if not FileSystems.exists(FileSystems.join(uri, name))]
-        if missing:
-            raise UsageError(f"--model_uri {metric}={uri}: no {' and no '.join(missing)} there; the "
-                             "folder must hold an ONNX export of a text classifier with its "
-                             "tokenizer.json and config.json (pipelines/text.md, Classifier metrics)")
         if metric == "BERTScore":
+            check_model_folder(f"--model_uri {metric}={uri}", uri, ("model.onnx", "tokenizer.json"),
+                               "a text encoder")
             out.append((metric, uri, ()))
             continue
+        check_model_folder(f"--model_uri {metric}={uri}", uri, ("model.onnx", "tokenizer.json", "config.json"),
+                           "a text classifier")
         try:
             labels = read_config(uri)["labels"]
         except (ValueError, TypeError, AttributeError) as error:
@@ -219,7 +228,6 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     classifiers = classifier_models(args.model_uri)
     settings = JudgeSettings(
         url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
-        classifier_uris=tuple(uri for _, uri, _ in classifiers),
         api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
         tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,

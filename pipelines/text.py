@@ -80,14 +80,15 @@ def configure(args) -> TextConfig:
     weights = parse_float_list(args.bleu_weights, "--bleu_weights")
     if not weights or any(w < 0 for w in weights):
         raise UsageError("--bleu_weights takes one or more non-negative numbers")
-    from evalbeam.pipelines.judge_options import model_uris
+    from evalbeam.pipelines.judge_options import check_model_folder, model_uris
 
     classifiers = model_uris(args.model_uri)
     metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop), bool(args.lm_uri),
                             classifiers)
     judge = {}
     if args.lm_uri and metrics & set(LIKELIHOOD_METRICS):
-        check_model_folder(args.lm_uri)
+        check_model_folder(f"--lm_uri {args.lm_uri}", args.lm_uri, ("model.onnx", "tokenizer.json"),
+                           "a causal language model")
     unserved = sorted(set(CLASSIFIER_METRICS) & metrics - set(classifiers))
     if unserved:
         raise UsageError(f"{', '.join(unserved)} need their classifier: --model_uri "
@@ -110,24 +111,6 @@ def configure(args) -> TextConfig:
 
         check_judge(settings, key_named=args.judge_api_key_env is not None)
     return config
-
-
-def check_model_folder(uri: str) -> None:
-    """--lm_uri must name a folder holding model.onnx and tokenizer.json, and ONNX Runtime must
-    be installed: checked before anything is read or written."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from evalbeam.transforms.judge.local_models import missing_runtime
-
-    problem = missing_runtime()
-    if problem:
-        raise UsageError(problem)
-    missing = [name for name in ("model.onnx", "tokenizer.json")
-               if not FileSystems.exists(FileSystems.join(uri.rstrip("/"), name))]
-    if missing:
-        raise UsageError(f"--lm_uri {uri}: no {' and no '.join(missing)} there; the folder must hold "
-                         "an ONNX export of a causal language model (model.onnx) and its "
-                         "tokenizer.json (pipelines/text.md, Log-likelihood metrics)")
 
 
 def check_source(name: str, source, config: TextConfig, slices) -> None:

@@ -36,7 +36,7 @@ from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
                                     ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
-                                    line_splittable, open_input, open_span, qualified, role_of,
+                                    line_splittable, open_span, qualified, role_of,
                                     shard_range, span_of, span_text, truth_of)
 from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
@@ -631,8 +631,8 @@ class ReadClassificationFile(ProgressDoFn):
         self.num_shards = num_shards
 
     def splits(self, path: str) -> bool:
-        """Whether ReadFiles may hand this reader byte spans of the file (JSONL, not Parquet)."""
-        return format_of(path) != "parquet" and line_splittable(path)
+        """Whether ReadFiles may hand this reader byte spans of the file."""
+        return line_splittable(path)
 
     def process(self, element):
         name, file_id, start, end, first_line = span_of(element)

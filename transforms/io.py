@@ -198,8 +198,10 @@ def open_span(path: str, start: int = 0, end: int | None = None):
 
 
 def line_splittable(path: str) -> bool:
-    """Whether a JSONL or TREC input can be read in byte spans: uncompressed."""
-    return CompressionTypes.detect_compression_type(path) == CompressionTypes.UNCOMPRESSED
+    """Whether a line-based input (JSONL, TREC) can be read in byte spans: uncompressed, and
+    not Parquet (one structure, like a compressed stream)."""
+    return (format_of(path) != "parquet"
+            and CompressionTypes.detect_compression_type(path) == CompressionTypes.UNCOMPRESSED)
 
 
 def file_size(path: str) -> int:
@@ -391,8 +393,8 @@ class ReadRowFile(ProgressDoFn):
         raise NotImplementedError
 
     def splits(self, path: str) -> bool:
-        """Whether ReadFiles may hand this reader byte spans of the file (JSONL, not Parquet)."""
-        return format_of(path) != "parquet" and line_splittable(path)
+        """Whether ReadFiles may hand this reader byte spans of the file."""
+        return line_splittable(path)
 
     def process(self, element):
         name, file_id, start, end, first_line = span_of(element)
@@ -507,8 +509,11 @@ def _numbered_spans(pbegin, spans: list, sources: dict, suffix: str):
     spread = (pbegin
               | f"Spans{suffix}" >> beam.Create(spans)
               | f"SpreadSpans{suffix}" >> beam.Reshuffle())
-    counts = spread | f"CountLines{suffix}" >> beam.Map(_count_span, sources)
-    return spread | f"NumberSpans{suffix}" >> beam.Map(_numbered, beam.pvalue.AsList(counts))
+    numbers = (spread
+               | f"CountLines{suffix}" >> beam.Map(_count_span, sources)
+               | f"AllCounts{suffix}" >> beam.combiners.ToList()
+               | f"FirstLines{suffix}" >> beam.Map(first_lines))
+    return spread | f"NumberSpans{suffix}" >> beam.Map(_numbered, beam.pvalue.AsSingleton(numbers))
 
 
 def _count_span(span: tuple, sources: dict):
@@ -519,9 +524,9 @@ def _count_span(span: tuple, sources: dict):
         return (name, file_id, start), count_newlines(raw, start, end)
 
 
-def _numbered(span: tuple, counts: list) -> tuple:
+def _numbered(span: tuple, numbers: dict) -> tuple:
     name, file_id, start, end = span
-    return name, file_id, start, end, first_lines(counts)[(name, file_id, start)]
+    return name, file_id, start, end, numbers[(name, file_id, start)]
 
 
 def _reader_digest(reader: beam.DoFn) -> str:

@@ -223,8 +223,7 @@ class ReadRetrievalFile(ProgressDoFn):
         self.excluded = excluded or {}
 
     def splits(self, path: str) -> bool:
-        """Whether ReadFiles may hand this reader byte spans of the file (TREC and JSONL are
-        both line-based)."""
+        """Whether ReadFiles may hand this reader byte spans of the file."""
         return line_splittable(path)
 
     def process(self, element):

@@ -43,8 +43,8 @@ Per call:
 - Log-probability requests (kind "logprobs") POST {url}/completions with {"model", "prompt",
   "echo": true, "logprobs": 1, "max_tokens": 1, "temperature": 0} (OpenAI's legacy completions,
   vLLM, llama.cpp's server) and end ok with the prompt's tokens, their log-probabilities and
-  character offsets as content (the generated token dropped); an answer without them, or whose
-  tokens do not cover the prompt, is invalid_output.
+  character offsets as content (the generated token dropped); an answer without them, or with
+  malformed ones (prompt_logprobs), is invalid_output.
 - logprobs: a request with `logprobs=k` asks `logprobs: true, top_logprobs: k` and the response
   keeps choices[0].logprobs.content; a 400 naming logprobs drops them for the rest of the client's
   life (like a format fallback: at once, free).
@@ -509,7 +509,7 @@ class JudgeClient:
     def _read_logprobs(self, text: str, state: _CallState, estimate: int, prompt: str) -> _Reply:
         """A 200 answer of /completions with echo: choices[0].logprobs' tokens, token_logprobs and
         text_offset, cut to the tokens that start inside the prompt. prompt_logprobs stays None
-        when they are missing, malformed or do not cover the prompt from its first character."""
+        when they are missing or malformed."""
         try:
             data = json.loads(text)
             choice = data["choices"][0]

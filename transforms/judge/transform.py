@@ -46,9 +46,7 @@ class JudgeSettings:
     dry_run: bool = False                   # count calls, tokens and cost; send nothing
     # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
     lm_uri: str | None = None
-    lm_batch_size: int = 16
-    # text classifiers on the workers answer the classify requests of their folder
-    classifier_uris: tuple = ()
+    lm_batch_size: int = 16                 # and of the classifiers and encoders (--model_uri)
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0
