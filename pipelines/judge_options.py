@@ -42,11 +42,16 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                         "evalbeam[models])")
     g.add_argument("--lm_batch_size", type=int, default=16, metavar="N",
                    help="sequences per model call with --lm_uri and --model_uri (default 16)")
-    g.add_argument("--model_uri", action="append", default=[], metavar="METRIC=DIR",
+    g.add_argument("--model_uri", action="append", default=[], metavar="METRIC=DIR|URL",
                    help="the model of a metric scored on the workers: a text classifier for "
                         "ToxicityClassifier, FairnessBias, HHEM (model.onnx, tokenizer.json, "
                         "config.json), an encoder for BERTScore (model.onnx, tokenizer.json); "
-                        "ONNX, repeatable, needs evalbeam[models]")
+                        "ONNX, repeatable, needs evalbeam[models]. Or a served classifier's "
+                        "scoring route: http://HOST/predict (TEI; add #multi_label for a "
+                        "multi-label model), .../classify or .../score (vLLM)")
+    g.add_argument("--model_api_key_env", default=None, metavar="NAME",
+                   help="environment variable holding the key of the scoring endpoints of "
+                        "--model_uri (default: none sent; the judge's key is never sent there)")
     g.add_argument("--bertscore_baseline", default=None, metavar="P,R,F",
                    help="rescale BERTScore with these baselines of the model (bert-score's "
                         "rescale_with_baseline files): (v - b) / (1 - b)")
@@ -118,15 +123,25 @@ def model_uris(values: list[str]) -> dict:
     takes no classifier or a metric given twice."""
     from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS
 
+    from evalbeam.transforms.judge import scoring
+
     out: dict = {}
     for value in values:
         metric, _, uri = value.partition("=")
         if metric not in CLASSIFIER_METRICS or not uri:
-            raise UsageError(f"--model_uri takes METRIC=DIR with METRIC one of "
+            raise UsageError(f"--model_uri takes METRIC=DIR or METRIC=URL with METRIC one of "
                              f"{', '.join(CLASSIFIER_METRICS)}; got {value!r}")
         if metric in out:
             raise UsageError(f"--model_uri names {metric} twice")
-        out[metric] = uri.rstrip("/")
+        if scoring.is_endpoint(uri):
+            try:
+                scoring.check_metric(metric, scoring.parse_endpoint(uri))
+            except ValueError as error:
+                raise UsageError(f"--model_uri {metric}={scoring.shown_uri(uri)}: {error} "
+                                 "(pipelines/text.md, Scoring endpoints)") from None
+            out[metric] = uri
+        else:
+            out[metric] = uri.rstrip("/")
     return out
 
 
@@ -161,17 +176,37 @@ def bertscore_baseline(text: str | None) -> tuple | None:
     return values
 
 
-def classifier_models(values: list[str]) -> tuple:
-    """((metric, folder, label names), ...) of the --model_uri options, each folder checked:
-    ONNX Runtime installed, model.onnx, tokenizer.json and config.json present, the labels
-    readable. Raises UsageError (one paragraph) before anything runs."""
+def classifier_models(values: list[str], key_env: str | None = None, timeout_s: float | None = None) -> tuple:
+    """((metric, folder or URL, label names), ...) of the --model_uri options, each checked: a
+    folder must hold model.onnx, tokenizer.json and config.json with readable labels (ONNX
+    Runtime installed); a scoring endpoint must answer its labels (scoring.labels_of, with the
+    key of the variable key_env). Raises UsageError (one paragraph) before anything runs."""
     uris = model_uris(values)
     if not uris:
         return ()
+    from evalbeam.transforms.judge import scoring
     from evalbeam.transforms.judge.local_classifier import read_config
 
+    key = ""
+    if key_env is not None:
+        key = os.environ.get(key_env, "")
+        if not key:
+            raise UsageError(f"--model_api_key_env names {key_env} (the key of --model_uri's "
+                             "scoring endpoints), which is "
+                             f"{'empty' if key_env in os.environ else 'not set'} in this environment: "
+                             f"export {key_env}=<the scoring endpoint's key> before the run.")
     out = []
     for metric, uri in sorted(uris.items()):
+        if scoring.is_endpoint(uri):
+            endpoint = scoring.parse_endpoint(uri)
+            try:
+                labels = scoring.labels_of(endpoint, key, CHECK_TIMEOUT_S if timeout_s is None else timeout_s)
+            except ValueError as error:
+                raise UsageError(f"--model_uri {metric}={endpoint.shown}: the scoring endpoint "
+                                 f"cannot tell its labels: {error}. Fix the server or the URL "
+                                 "(pipelines/text.md, Scoring endpoints).") from None
+            out.append((metric, uri, labels))
+            continue
         if metric == "BERTScore":
             check_model_folder(f"--model_uri {metric}={uri}", uri, ("model.onnx", "tokenizer.json"),
                                "a text encoder")
@@ -225,9 +260,10 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     workers = args.judge_workers or _workers(beam_args)
     if args.lm_batch_size < 1:
         raise UsageError("--lm_batch_size must be 1 or more")
-    classifiers = classifier_models(args.model_uri)
+    classifiers = classifier_models(args.model_uri, args.model_api_key_env)
     settings = JudgeSettings(
         url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
+        model_api_key_env=args.model_api_key_env or "",
         api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
         tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,
@@ -344,6 +380,7 @@ async def _get_models(url: str, key: str, timeout_s: float, where: str) -> tuple
 
 def judge_options_info(settings, config, journal: str) -> dict:
     """What run.json records of the judge options (never the key: only its variable's name)."""
+    from evalbeam.transforms.judge import scoring
     from evalbeam.transforms.judge.journal import endpoint_host
 
     return {"endpoint_host": endpoint_host(settings.url), "model": config.model,
@@ -356,7 +393,10 @@ def judge_options_info(settings, config, journal: str) -> dict:
             "journal": journal, "max_calls": settings.max_calls, "max_cost": settings.max_cost,
             "price_prompt_1k": settings.price_prompt_1k,
             "price_completion_1k": settings.price_completion_1k, "dry_run": settings.dry_run,
-            "byop": [t.name for t in config.byop]}
+            "byop": [t.name for t in config.byop],
+            "model_uris": {metric: scoring.shown_model(uri) for metric, uri, _ in config.classifiers},
+            "model_api_key_env": settings.model_api_key_env or None}
+
 
 
 def judge_table(report: dict) -> str:

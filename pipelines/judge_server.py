@@ -7,7 +7,9 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (echo + logprobs: prompt
 log-probabilities), POST /v1/embeddings, GET /v1/models (every path also
-without /v1), GET /stats, POST /stats/reset.
+without /v1), GET /stats, POST /stats/reset; and the scoring routes of the classifier metrics:
+POST /predict with GET /info (text-embeddings-inference), POST /classify and /score (vLLM, also
+under /v1).
 Tests use `StandInServer` (a context manager running the app on 127.0.0.1 in a background thread).
 
 Answers: the rules in transforms/judge/stand_in.py (its docstring lists them): every answer is a
@@ -50,9 +52,11 @@ import time
 from aiohttp import web
 
 from evalbeam.transforms.judge.stand_in import (canonical_hash, chat_payload, completions_payload,
-                                                embeddings_payload, validate_chat,
-                                                validate_completions, validate_embeddings)
+                                                embeddings_payload, info_payload, scoring_payload,
+                                                validate_chat, validate_completions,
+                                                validate_embeddings, validate_scoring)
 
+SCORING_ROUTES = ("predict", "classify", "score")
 FAULT_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "truncated")
 PERMANENT_MODELS = ("fail-400", "fail-401", "fail-403", "fail-404", "quota")
 UNLIMITED = 1_000_000  # what x-ratelimit-remaining-requests says when there is no --rpm
@@ -227,11 +231,17 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
         kind = "server_error" if status == 500 else "service_unavailable"
         return _json_response(state, status, error_body(f"Injected {status}.", kind, kind))
 
-    problem = {"chat": validate_chat, "completions": validate_completions,
-               "embeddings": validate_embeddings}[endpoint](body)
+    if endpoint in SCORING_ROUTES:
+        problem = validate_scoring(endpoint, body)
+    else:
+        problem = {"chat": validate_chat, "completions": validate_completions,
+                   "embeddings": validate_embeddings}[endpoint](body)
     if problem:
         return _json_response(state, 400, error_body(problem, "invalid_request_error",
                                                      "invalid_request"), {"x-should-retry": "false"})
+    if endpoint in SCORING_ROUTES:
+        payload, broken = scoring_payload(endpoint, body, fault)
+        return _json_response(state, 200, payload, text=broken)
     if body["model"] in PERMANENT_ERRORS:
         status, message, kind, code = PERMANENT_ERRORS[body["model"]]
         return _json_response(state, status, error_body(message, kind, code),
@@ -257,6 +267,23 @@ async def _completions(request):
 
 async def _embeddings(request):
     return await _api(request, "embeddings")
+
+
+async def _predict(request):
+    return await _api(request, "predict")
+
+
+async def _classify(request):
+    return await _api(request, "classify")
+
+
+async def _score(request):
+    return await _api(request, "score")
+
+
+async def _info(request):
+    """GET /info (TEI): the classifier's labels. Never faulted or counted, like /models."""
+    return web.json_response(info_payload())
 
 
 async def _models(request):
@@ -286,6 +313,11 @@ def build_app(state: JudgeState) -> web.Application:
     app.router.add_post("/completions", _completions)
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/embeddings", _embeddings)
+    app.router.add_post("/predict", _predict)      # TEI
+    app.router.add_get("/info", _info)
+    for prefix in ("", "/v1"):                      # vLLM serves both
+        app.router.add_post(prefix + "/classify", _classify)
+        app.router.add_post(prefix + "/score", _score)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/models", _models)
     app.router.add_get("/stats", _stats)

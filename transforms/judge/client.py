@@ -45,6 +45,9 @@ Per call:
   vLLM, llama.cpp's server) and end ok with the prompt's tokens, their log-probabilities and
   character offsets as content (the generated token dropped); an answer without them, or with
   malformed ones (prompt_logprobs), is invalid_output.
+- Classify requests (kind "classify") whose model is a scoring endpoint's URL (scoring.py)
+  POST that URL (the client's url is the route) with the route's body, and end ok with
+  {"labels", "probabilities"}; an answer without them is invalid_output.
 - logprobs: a request with `logprobs=k` asks `logprobs: true, top_logprobs: k` and the response
   keeps choices[0].logprobs.content; a 400 naming logprobs drops them for the rest of the client's
   life (like a format fallback: at once, free).
@@ -71,6 +74,7 @@ import jsonschema
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from evalbeam.transforms.judge import requests as rq
+from evalbeam.transforms.judge import scoring
 from evalbeam.transforms.judge.limits import RateLimiter, estimate_tokens
 
 log = logging.getLogger("evalbeam.judge")
@@ -108,6 +112,7 @@ class _Reply(typing.NamedTuple):
     logprobs: typing.Any = None     # choices[0].logprobs.content, when sent
     vector: typing.Any = None       # data[0].embedding of an embedding request
     prompt_logprobs: typing.Any = None  # the prompt's tokens of a logprobs request
+    classified: typing.Any = None   # {"labels", "probabilities"} of a scoring endpoint's answer
 
 
 class _CallState:
@@ -271,6 +276,15 @@ class JudgeClient:
             if not reply.vector:
                 return self._failure(req, state, started, rq.INVALID_OUTPUT, "no embedding in the answer", reply)
             return self._success(req, state, started, reply, reply.vector)
+        if req.kind == "classify":
+            try:
+                reply = await self._complete(req, messages, state)
+            except _Transient as exc:
+                return self._failure(req, state, started, exc.status, exc.message)
+            if reply.classified is None:
+                return self._failure(req, state, started, rq.INVALID_OUTPUT,
+                                     "no label probabilities in the answer", reply)
+            return self._success(req, state, started, reply, reply.classified)
         if req.kind == "logprobs":
             try:
                 reply = await self._complete(req, messages, state)
@@ -408,6 +422,12 @@ class JudgeClient:
                     "logprobs": 1, "max_tokens": 1, "temperature": 0}
             endpoint = "completions"
             estimate = estimate_tokens([("user", body["prompt"])], 1)
+        elif req.kind == "classify":
+            scorer = scoring.parse_endpoint(req.model)
+            body = scoring.request_body(scorer, messages[0]["content"],
+                                        messages[1]["content"] if len(messages) > 1 else None)
+            endpoint = None     # the client's URL is the route itself
+            estimate = estimate_tokens([(m["role"], m["content"]) for m in messages], 0)
         else:
             body = self._payload(req, messages, MODES[mode_index])
             endpoint = "chat/completions"
@@ -441,7 +461,8 @@ class JudgeClient:
             timeout = aiohttp.ClientTimeout(total=per_attempt, connect=min(5.0, per_attempt),
                                             ceil_threshold=math.inf)
             try:
-                async with self._session.post(f"{self.url}/{endpoint}", json=body, timeout=timeout) as resp:
+                target = self.url if endpoint is None else f"{self.url}/{endpoint}"
+                async with self._session.post(target, json=body, timeout=timeout) as resp:
                     status = resp.status
                     headers = resp.headers
                     text = await resp.text()
@@ -457,6 +478,8 @@ class JudgeClient:
                 return self._read_embedding(text, state, estimate)
             if req.kind == "logprobs":
                 return self._read_logprobs(text, state, estimate, body["prompt"])
+            if req.kind == "classify":
+                return self._read_classified(text, state, scorer)
             return self._read_ok(text, state, estimate)
         self._raise_for_error(status, headers, text, mode_index, state, bool(body.get("logprobs")))
         raise AssertionError("unreachable")
@@ -522,6 +545,21 @@ class JudgeClient:
                        refusal=None, usage=usage, model=data.get("model"),
                        fingerprint=data.get("system_fingerprint"),
                        prompt_logprobs=prompt_logprobs(choice, prompt))
+        state.last = reply
+        return reply
+
+    def _read_classified(self, text: str, state: _CallState, scorer) -> _Reply:
+        """A 200 answer of a scoring route (scoring.py): the labels and their probabilities
+        (classified None when the answer does not hold them)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise _Transient(rq.HTTP_ERROR, "malformed 200 body: " + text[:120]) from None
+        usage = rq.parse_usage(data.get("usage")) if isinstance(data, dict) else rq.empty_usage()
+        state.usage = rq.add_usage(state.usage, usage)
+        reply = _Reply(text=None, finish_reason=None, refusal=None, usage=usage,
+                       model=data.get("model") if isinstance(data, dict) else None, fingerprint=None,
+                       classified=scoring.read_answer(scorer, data))
         state.last = reply
         return reply
 

@@ -848,7 +848,9 @@ def parameters_of(kind: str, extra: dict, config: JudgeMetricConfig) -> dict:
     if kind in gptscore.FORMS:
         return {"lm_model": config.lm_model, "prompt_version": gptscore.PROMPT_VERSION, **extra}
     if kind in CLASSIFIER_METRICS:
-        model = next(uri for metric, uri, _ in config.classifiers if metric == kind)
+        from evalbeam.transforms.judge.scoring import shown_model
+
+        model = shown_model(next(uri for metric, uri, _ in config.classifiers if metric == kind))
         if kind == "BERTScore":
             return {"model_uri": model, "rescaled": config.bertscore_baseline is not None, **extra}
         return {"model_uri": model, **extra}

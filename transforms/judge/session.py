@@ -40,17 +40,19 @@ import time
 from evalbeam.transforms.judge import stand_in
 from evalbeam.transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
 from evalbeam.transforms.judge.requests import request_hash
+from evalbeam.transforms.judge.scoring import is_endpoint, parse_endpoint
 
 NOT_SENT = "not_sent"      # a budget was reached before this request was sent
 DRY_RUN = "dry_run"        # --judge_dry_run: counted, not sent
 
 
-def response_record(response, request, settings) -> dict:
-    """The journal's record of one final response (no key, host only)."""
+def response_record(response, request, settings, url: str | None = None) -> dict:
+    """The journal's record of one final response (no key, host only); url: the endpoint
+    that answered, when not the judge's (a scoring endpoint)."""
     from dataclasses import asdict
 
     record = asdict(response) if hasattr(response, "__dataclass_fields__") else dict(response)
-    record.update(endpoint_host=endpoint_host(settings.url), template=request.template,
+    record.update(endpoint_host=endpoint_host(url or settings.url), template=request.template,
                   template_version=request.template_version, kind=request.kind,
                   sampling={"temperature": request.temperature, "max_tokens": request.max_tokens,
                             "seed": request.seed, "logprobs": request.logprobs})
@@ -117,6 +119,7 @@ class JudgeSession:
         self.cost_left = None if s.max_cost is None else s.max_cost / workers
         self.local = None
         self.models: dict = {}       # (request kind, folder) -> a model on this worker
+        self.scorers: dict = {}      # scoring endpoint URL -> its client on this worker
         if s.lm_uri:
             from evalbeam.transforms.judge.local_lm import LocalLM
 
@@ -136,9 +139,11 @@ class JudgeSession:
         if self.loop is None:
             return
         self.writer.flush()
-        if self.client is not None:
-            self.loop.run_until_complete(self.client.__aexit__(None, None, None))
-            self.client = None
+        for client in [self.client, *self.scorers.values()]:
+            if client is not None:
+                self.loop.run_until_complete(client.__aexit__(None, None, None))
+        self.client = None
+        self.scorers = {}
         self.loop.close()
         self.loop = None
 
@@ -196,20 +201,23 @@ class JudgeSession:
         s = self.settings
         if request.kind == "logprobs" and self.local is not None:
             return await self._local(h, request, metric, self.local.ask(request.messages[0][1]))
-        if request.kind in ("tokens", "classify"):
+        scored = request.kind == "classify" and is_endpoint(request.model)
+        if request.kind in ("tokens", "classify") and not scored:
             text = request.messages[0][1] if len(request.messages) == 1 else \
                 (request.messages[0][1], request.messages[1][1])
             return await self._local(h, request, metric, self._model(request).ask(text))
+        # a scoring endpoint's answer is not priced: it is the user's own server
+        price = (lambda prompt, completion: 0.0) if scored else s.cost
         prompt, completion = self._estimate(request)
         if s.dry_run:
             content, text = simulated_content(request)
             completion = estimate_tokens([("assistant", text)], 0) if text else 0
-            self._count(metric, DRY_RUN, prompt, completion, s.cost(prompt, completion))
+            self._count(metric, DRY_RUN, prompt, completion, price(prompt, completion))
             record = {"hash": h, "status": DRY_RUN, "content": content, "cached": False,
                       "estimated_prompt_tokens": prompt, "estimated_completion_tokens": completion}
             self.simulated[h] = record
             return record
-        reserve = s.cost(prompt, completion)
+        reserve = price(prompt, completion)
         if ((self.calls_left is not None and self.calls_left < 1)
                 or (self.cost_left is not None and self.cost_left < reserve)):
             self.stats[f"status:{NOT_SENT}"] += 1
@@ -221,16 +229,17 @@ class JudgeSession:
             self.cost_left -= reserve
         now = time.time()
         self.stats["min:first_send"] = min(self.stats.get("min:first_send", now), now)
-        response = await self.client.judge(request)
+        client = await self._scoring_client(request.model) if scored else self.client
+        response = await client.judge(request)
         now = time.time()
         self.stats["max:last_done"] = max(self.stats.get("max:last_done", now), now)
-        record = dict(response_record(response, request, s), cached=False)
+        record = dict(response_record(response, request, s, client.url), cached=False)
         self.writer.append(record)
         if record["status"] in REUSABLE:
             self.known[h] = record
         usage = response.usage or {}
         used_prompt, used_completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        cost = s.cost(used_prompt, used_completion)
+        cost = price(used_prompt, used_completion)
         if self.cost_left is not None:
             self.cost_left += reserve - cost
         self.stats["sent"] += 1
@@ -240,6 +249,24 @@ class JudgeSession:
             key = f"sample:{response.status}"
             self.stats[key] = min(self.stats.get(key, response.error), response.error)
         return record
+
+    async def _scoring_client(self, uri: str):
+        """The client of one scoring endpoint (scoring.py) on this worker, opened on first use:
+        the judge's limits and retries, its own rate bucket, the key of --model_api_key_env."""
+        endpoint = parse_endpoint(uri)
+        if endpoint.url not in self.scorers:
+            from evalbeam.transforms.judge.client import JudgeClient
+
+            s = self.settings
+            workers = max(1, s.workers)
+            client = JudgeClient(
+                endpoint.url, os.environ.get(s.model_api_key_env, "") if s.model_api_key_env else "",
+                rpm=max(1, int(s.rpm / workers)), tpm=10 ** 12,
+                concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
+                deadline_s=s.deadline_s, max_attempts=s.max_attempts)
+            self.scorers[endpoint.url] = client
+            await client.__aenter__()
+        return self.scorers[endpoint.url]
 
     def _model(self, request):
         """The model on this worker of a "tokens" (encoder) or "classify" request's folder."""

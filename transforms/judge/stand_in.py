@@ -75,6 +75,10 @@ answer; `created` is 0 and `system_fingerprint` is fixed:
   The answer echoes the prompt's tokens and adds one generated token " the" (log 0.5).
 * Embeddings: every content word hashed (sha256) to one of `dimensions` (default 64) slots with a
   hashed sign, then L2-normalised; a text without words gets the unit vector e0.
+* Scoring endpoints (`scoring_payload`): TEI's POST /predict and GET /info, vLLM's POST /classify
+  and /score, over two deterministic classifiers (`classifier_logits`): a single text's logits
+  over TEXT_LABELS hashed from the label and the text, and a (premise, hypothesis) pair's over
+  PAIR_LABELS from the hypothesis's overlap with the premise.
 * Faults the server injects (pipelines/judge_server.py) that change an answer are applied here
   when `chat_payload` / `embeddings_payload` is given their kind: truncated (finish_reason
   "length", content cut to half its tokens) and malformed (the response body cut in half, or, when
@@ -725,3 +729,110 @@ def completions_payload(body: dict, fault: str | None) -> tuple[dict | None, str
         text = json.dumps(payload)
         return None, text[:len(text) // 2]
     return payload, None
+
+
+# ---------------------------------------------------------------- scoring endpoints
+
+TEXT_LABELS = ("neutral", "toxic", "insult", "Biased")   # the single-text classifier's labels
+PAIR_LABELS = ("hallucinated", "consistent")              # the (premise, hypothesis) classifier's
+
+
+def classifier_logits(text: str, pair: str | None = None) -> list[float]:
+    """The stand-in classifiers' logits: a single text's over TEXT_LABELS, each 6u - 3 with u in
+    [0, 1) from the sha256 of the label and the text; a (premise, hypothesis) pair's over
+    PAIR_LABELS, [0, 6o - 3] with o the overlap of the hypothesis with the premise's content
+    words, so a hypothesis the premise supports is likely "consistent"."""
+    if pair is not None:
+        return [0.0, 6.0 * overlap(pair, content_words(text)) - 3.0]
+    out = []
+    for label in TEXT_LABELS:
+        digest = hashlib.sha256((label + "\x00" + text).encode("utf-8", "surrogatepass")).digest()
+        out.append(6.0 * int.from_bytes(digest[:4], "big") / 2 ** 32 - 3.0)
+    return out
+
+
+def softmax(logits: list[float]) -> list[float]:
+    top = max(logits)
+    exps = [math.exp(v - top) for v in logits]
+    return [e / sum(exps) for e in exps]
+
+
+def _sequences(inputs):
+    """TEI's /predict inputs as (batch?, [(text, pair or None)]), or None when malformed: a
+    string, a pair [a, b], or a batch [[a], [a, b], ...]."""
+    if isinstance(inputs, str):
+        return False, [(inputs, None)]
+    if isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs) and len(inputs) <= 2:
+        return False, [(inputs[0], inputs[1] if len(inputs) == 2 else None)]
+    if isinstance(inputs, list) and inputs and all(
+            isinstance(s, list) and 1 <= len(s) <= 2 and all(isinstance(t, str) for t in s) for s in inputs):
+        return True, [(s[0], s[1] if len(s) == 2 else None) for s in inputs]
+    return None
+
+
+def validate_scoring(route: str, body) -> str | None:
+    """The reason a body is invalid for a scoring route ("predict", "classify", "score"), or None."""
+    if not isinstance(body, dict):
+        return "The body must be a JSON object."
+    if route == "predict":
+        if _sequences(body.get("inputs")) is None:
+            return "'inputs' must be a string, a pair of strings or a batch of them."
+        if not isinstance(body.get("raw_scores", False), bool):
+            return "'raw_scores' must be a boolean."
+        return None
+    if route == "classify":
+        data = body.get("input")
+        if not (isinstance(data, str) or (isinstance(data, list) and data and all(isinstance(t, str) for t in data))):
+            return "'input' must be a string or a non-empty list of strings."
+        return None
+    for key in ("text_1", "text_2"):
+        if not isinstance(body.get(key), (str, list)):
+            return f"'{key}' must be a string or a list of strings."
+    return None
+
+
+def scoring_payload(route: str, body: dict, fault: str | None) -> tuple:
+    """(response payload, or a raw broken body for the malformed fault) of a valid body:
+    TEI's /predict ([{"label", "score"}] sorted by score, the softmax over the labels, or the
+    logits with raw_scores; a batch gives a list of those), vLLM's /classify (data[i].probs,
+    the softmax) and /score (data[i].score, the pair's probability of "consistent")."""
+    if route == "predict":
+        batch, sequences = _sequences(body["inputs"])
+        answers = []
+        for text, pair in sequences:
+            logits = classifier_logits(text, pair)
+            scores = logits if body.get("raw_scores") else softmax(logits)
+            labels = PAIR_LABELS if pair is not None else TEXT_LABELS
+            answers.append(sorted(({"label": label, "score": score} for label, score in zip(labels, scores)),
+                                  key=lambda item: -item["score"]))
+        payload = answers if batch else answers[0]
+    elif route == "classify":
+        texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        data = []
+        for i, text in enumerate(texts):
+            probs = softmax(classifier_logits(text))
+            data.append({"index": i, "label": TEXT_LABELS[probs.index(max(probs))], "probs": probs,
+                         "num_classes": len(probs)})
+        tokens = sum(count_tokens(t) for t in texts)
+        payload = {"id": "classify-0", "object": "list", "created": 0, "model": body.get("model") or "stand-in",
+                   "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
+                                           "completion_tokens": 0}}
+    else:
+        firsts = body["text_1"] if isinstance(body["text_1"], list) else [body["text_1"]]
+        seconds = body["text_2"] if isinstance(body["text_2"], list) else [body["text_2"]]
+        if len(firsts) == 1:
+            firsts = firsts * len(seconds)
+        data = [{"index": i, "object": "score", "score": softmax(classifier_logits(a, b))[1]}
+                for i, (a, b) in enumerate(zip(firsts, seconds))]
+        payload = {"id": "score-0", "object": "list", "created": 0, "model": body.get("model") or "stand-in",
+                   "data": data, "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+    if fault == "malformed":
+        text = json.dumps(payload)
+        return None, text[:len(text) // 2]
+    return payload, None
+
+
+def info_payload() -> dict:
+    """TEI's GET /info of the stand-in: the single-text classifier's labels."""
+    return {"model_id": "evalbeam-stand-in", "model_type": {"classifier": {
+        "id2label": {str(i): label for i, label in enumerate(TEXT_LABELS)}}}}

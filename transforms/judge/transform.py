@@ -47,6 +47,8 @@ class JudgeSettings:
     # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
     lm_uri: str | None = None
     lm_batch_size: int = 16                 # and of the classifiers and encoders (--model_uri)
+    # the variable holding the key of the scoring endpoints (--model_uri METRIC=URL); "" none
+    model_api_key_env: str = ""
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0
