@@ -66,7 +66,7 @@ SETTINGS = frozenset({
     "hardmax", "max_examples", "protocol", "rouge_use_stemmer", "tokenize", "smooth_method",
     "lowercase", "max_docs", "relevance_level", "complete", "judge_model", "template_version",
     "embedding_model", "no_claims", "no_statements", "both_empty", "similarity_weight",
-    "top_logprobs", "lm_model", "prompt_version", "model_uri",
+    "top_logprobs", "lm_model", "prompt_version", "model_uri", "rescaled", "idf",
 })
 # the last segment of every metric name: the number itself, its interval's ends, a comparison's
 # p-values. No other segment of a name is one of these, so no name is the folder of another.

@@ -55,6 +55,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--bertscore_baseline", default=None, metavar="P,R,F",
                    help="rescale BERTScore with these baselines of the model (bert-score's "
                         "rescale_with_baseline files): (v - b) / (1 - b)")
+    g.add_argument("--bertscore_idf", action="store_true",
+                   help="weight BERTScore's tokens by their idf over the references of the "
+                        "ground truths (bert-score's idf=True)")
     g.add_argument("--judge_api_key_env", default=None, metavar="NAME",
                    help=f"name of the environment variable holding the API key (default {DEFAULT_KEY_ENV}, "
                         "sent when set); the key itself is never an option. A variable named here "
@@ -275,6 +278,7 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
         model=args.judge_model, embedding_model=args.judge_embedding_model,
         lm_model=args.lm_uri or args.judge_lm_model, classifiers=classifiers,
         bertscore_baseline=bertscore_baseline(args.bertscore_baseline),
+        bertscore_idf=bool(getattr(args, "bertscore_idf", False)),
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
         both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),

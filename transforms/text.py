@@ -31,10 +31,11 @@ from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
                                     ReadRowFile, RowsFromDicts, created_whole, join, merge_sorted_parts,
-                                    read_pcollections, reject_row, unique_by_source)
+                                    read_pcollections, reject_row, unique_by_source, unique_rows)
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.judge.report import judge_problems, judge_report
 from evalbeam.transforms.judge.session import merge_counters
+from evalbeam.transforms.kernels.bertscore import add_counts
 from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
@@ -155,9 +156,10 @@ class MatchText(ProgressDoFn):
     def _reject(self, source, row, reason: str):
         return reject_row(self.files, source, row, reason)
 
-    def process(self, element):
+    def process(self, element, idf=None):
         shard, pieces = element
         pieces = list(pieces)
+        self.idf = idf      # the same table for every element; finish_bundle uses it
         outputs: list = []
         truths, predictions = unique_by_source(self.files, pieces, self.models, outputs)
         for model in self.models:
@@ -221,7 +223,7 @@ class MatchText(ProgressDoFn):
         from evalbeam.transforms.judge.judged_text import judge_datums
 
         pending, self.pending = self.pending, []
-        judged_rows = judge_datums(self.session, self.config, [p[3] for p in pending])
+        judged_rows = judge_datums(self.session, self.config, [p[3] for p in pending], self.idf)
 
         def windowed(output):
             # finish_bundle has no input element to inherit a window from: the global window
@@ -286,6 +288,26 @@ def merge_score_parts(parts: list, path: str) -> int:
     return merge_sorted_parts(parts, path, "datum_uid")
 
 
+def idf_encoder(config: TextConfig) -> str | None:
+    """The BERTScore encoder's folder when its idf weights are asked (--bertscore_idf), else None."""
+    judge = config.judge
+    if judge is None or not judge.bertscore_idf or "BERTScore" not in config.metrics:
+        return None
+    return next(uri for metric, uri, _ in judge.classifiers if metric == "BERTScore")
+
+
+def shard_reference_counts(element, encoder: str) -> tuple[int, dict]:
+    """(shard, pieces) -> the references' token counts of its ground truths (local_encoder.
+    reference_counts): a datum_uid repeated in the shard is left out, as MatchText rejects it,
+    and all copies of a uid share its shard, so the sum over shards is the dataset's."""
+    from evalbeam.transforms.judge.local_encoder import reference_counts
+
+    _, pieces = element
+    truths = unique_rows([row for source, rows in pieces if source == GROUNDTRUTHS for row in rows],
+                         lambda row, copies: None)
+    return reference_counts(encoder, [ref for uid in sorted(truths) for ref in truths[uid].references or ()])
+
+
 def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, bootstrap=None,
               compare_to=None, presence: bool = False):
     """(metrics, scores, rejected, stats, judge stats, presence, outcomes); presence and
@@ -294,10 +316,18 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, b
     transforms.uncertainty."""
     boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
     shard_meter = meter(read.pieces, "GroupByShard")
-    matched = (read.pieces
-               | "GroupByShard" >> beam.GroupByKey()
+    shards = read.pieces | "GroupByShard" >> beam.GroupByKey()
+    side = {}
+    encoder = idf_encoder(config)
+    if encoder is not None:
+        # BERTScore's idf needs every reference of the dataset before any datum is scored
+        side["idf"] = beam.pvalue.AsSingleton(
+            shards
+            | "ReferenceTokens" >> beam.Map(shard_reference_counts, encoder)
+            | "DocumentFrequency" >> beam.CombineGlobally(add_counts))
+    matched = (shards
                | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started,
-                                                 boot, compare_to, presence))
+                                                 boot, compare_to, presence), **side)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
                              main="partials"))

@@ -325,33 +325,54 @@ def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
     """--model_uri BERTScore=DIR with a tiny contextual encoder: precision, recall and F1 per
     datum equal greedy cosine matching computed here from ONNX Runtime's vectors of each text
     alone (special tokens left out), max over references per component, to 1e-6; with
-    --bertscore_baseline the rescaled values; no references: not_applicable."""
+    --bertscore_idf and --bertscore_baseline the idf-weighted means (idf = log((M + 1) / (df + 1))
+    over the M references of all ground truths, a repeated datum_uid's left out) and the
+    rescaled values; no references: not_applicable."""
     pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
     from tiny_models import direct_token_vectors, write_tiny_encoder
+
+    from tokenizers import Tokenizer
 
     encoder = write_tiny_encoder(tmp_path / "enc")
     truths = [{"datum_uid": "a", "query": "q", "references": ["The tower is in Paris.", "It stands in Paris, France."]},
               {"datum_uid": "b", "query": "q", "references": ["Blue."]},
-              {"datum_uid": "c", "query": "q"}]
-    responses = {"a": "The old tower stands in Paris.", "b": "red river", "c": "anything"}
-    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+              {"datum_uid": "c", "query": "q"},
+              {"datum_uid": "d", "query": "q", "references": ["The river is blue."]}]
+    repeated = [{"datum_uid": "e", "query": "q", "references": ["Paris"]}] * 2   # rejected: not counted
+    responses = {"a": "The old tower stands in Paris.", "b": "red river", "c": "anything",
+                 "d": "The river is the river."}
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths + repeated)
     pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": u, "response": r} for u, r in responses.items()])
     baseline = (0.3, 0.2, 0.25)
+    tokenizer = Tokenizer.from_file(str(encoder / "tokenizer.json"))
+    references = [ref for truth in truths for ref in truth.get("references", [])]
+    df: dict = {}
+    for ref in references:
+        encoding = tokenizer.encode(ref)
+        for token in {t for t, special in zip(encoding.ids, encoding.special_tokens_mask) if not special}:
+            df[token] = df.get(token, 0) + 1
 
-    def direct(candidate: str, reference: str) -> tuple:
+    def idf(text: str) -> np.ndarray:
+        encoding = tokenizer.encode(text)
+        ids = [t for t, special in zip(encoding.ids, encoding.special_tokens_mask) if not special]
+        return np.log((len(references) + 1) / (np.array([df.get(t, 0) for t in ids]) + 1.0))
+
+    def direct(candidate: str, reference: str, weighted: bool) -> tuple:
         c, r = direct_token_vectors(encoder, candidate), direct_token_vectors(encoder, reference)
         c = c / np.linalg.norm(c, axis=1, keepdims=True)
         r = r / np.linalg.norm(r, axis=1, keepdims=True)
         sim = c @ r.T
-        p, rec = sim.max(axis=1).mean(), sim.max(axis=0).mean()
+        wc, wr = (idf(candidate), idf(reference)) if weighted else (np.ones(len(c)), np.ones(len(r)))
+        p, rec = sim.max(axis=1) @ wc / wc.sum(), sim.max(axis=0) @ wr / wr.sum()
         return p, rec, 2 * p * rec / (p + rec)
 
     for rescaled in (False, True):
         out = tmp_path / f"out{rescaled}"
-        extra = ["--bertscore_baseline", ",".join(map(str, baseline))] if rescaled else []
+        extra = ["--bertscore_baseline", ",".join(map(str, baseline)), "--bertscore_idf"] if rescaled else []
         done = subprocess.run(
             ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out,
              "--metrics", "BERTScore", "--model_uri", f"BERTScore={encoder}", "--quiet", *extra,
+             "--max_rejected_fraction", "0.5",
              *MULTIPROCESS], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         rows = {(r["datum_uid"], r["parameters"]["component"]): r
@@ -361,13 +382,14 @@ def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
             if "references" not in truth:
                 assert rows[(uid, "f1")]["status"] == "not_applicable"
                 continue
-            best = np.max([direct(responses[uid], ref) for ref in truth["references"]], axis=0)
+            best = np.max([direct(responses[uid], ref, rescaled) for ref in truth["references"]], axis=0)
             for k, component in enumerate(("precision", "recall", "f1")):
                 want = (best[k] - baseline[k]) / (1 - baseline[k]) if rescaled else best[k]
                 assert math.isclose(rows[(uid, component)]["value"], want, rel_tol=1e-6, abs_tol=1e-9)
         record = next(json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")
                       if '"BERTScore"' in line and '"f1"' in line)
-        assert record["parameters"]["rescaled"] is rescaled and record["counts"] == {"not_applicable": 1, "ok": 2}
+        assert record["parameters"]["rescaled"] is record["parameters"]["idf"] is rescaled
+        assert record["counts"] == {"not_applicable": 1, "ok": 3}
 
 
 def test_a_text_longer_than_a_model_call_is_refused_without_running(tmp_path):

@@ -47,11 +47,11 @@ def _binary(kind: str, extra: dict, judge) -> bool:
     return False
 
 
-def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
+def judge_datums(session, config, groups: list[list], idf=None) -> list[list[dict]]:
     """groups (one per shard): [(GroundTruthRow, PredictionRow or None, model, [TextState],
     bootstrap column or None)] -> the score rows of each group. Every group's programs run at
     once on the session, so the slowest retry chain of one shard does not hold back the calls
-    of the next."""
+    of the next. idf: BERTScore's idf table of the dataset (--bertscore_idf), or None."""
     judge = config.judge
     catalogue = []  # per metric once, not per datum
     for kind, extra, program in metric_programs(config.metrics, judge):
@@ -67,7 +67,7 @@ def judge_datums(session, config, groups: list[list]) -> list[list[dict]]:
             for metric in catalogue:
                 index = None
                 if datum is not None:
-                    tasks.append(score_metric(session, judge, metric.kind, metric.program, datum))
+                    tasks.append(score_metric(session, judge, metric.kind, metric.program, datum, idf))
                     index = len(tasks) - 1
                 places.append((group_index, truth, model, states, column, metric, index))
 

@@ -4,8 +4,11 @@ and failures as every model on the workers (local_models.py).
 The folder holds an ONNX export of a BERT-family encoder (`optimum-cli export onnx --model
 roberta-large --task feature-extraction DIR`): model.onnx (input input_ids, attention_mask and
 token_type_ids when declared; output "last_hidden_state", else the first output, float[B, T, H])
-and tokenizer.json (texts cut to 512 tokens). The answer of one text: {"vectors": float32[n, H]}
-of its tokens but the special ones ([CLS], [SEP], <s>, </s>), which BERTScore leaves out.
+and tokenizer.json (texts cut to 512 tokens). The answer of one text: {"vectors": float32[n, H],
+"ids": int64[n]} of its tokens but the special ones ([CLS], [SEP], <s>, </s>), which BERTScore
+leaves out. As bert-score does, a text is stripped first, and a byte-level BPE tokenizer
+(RoBERTa's, GPT-2's) gets a leading space, so the first word is tokenized as every other. reference_counts() counts the references' token ids for BERTScore's idf weights with
+the same tokenizer (same cut, same special tokens left out).
 The layer is the export's output: bert-score picks a layer per model (17 of 24 for
 roberta-large); export that layer's hidden states for the package's numbers.
 """
@@ -24,15 +27,70 @@ def encoder_inference(session, batch, inference_args=None) -> list:
     return [hidden[row, :n] for row, n in enumerate(lengths)]
 
 
+def byte_level(tokenizer) -> bool:
+    """Whether the tokenizer's pre-tokenizer is byte-level BPE (RoBERTa, GPT-2), alone or in a
+    sequence."""
+    import json
+
+    def walk(node) -> bool:
+        if not isinstance(node, dict):
+            return False
+        return node.get("type") == "ByteLevel" or any(walk(n) for n in node.get("pretokenizers") or [])
+
+    return walk(json.loads(tokenizer.to_str()).get("pre_tokenizer"))
+
+
+def bert_score_text(text: str, prefix_space: bool) -> str:
+    """The text as bert-score encodes it: stripped, and with a leading space for a byte-level
+    tokenizer (its add_prefix_space=True), so the first word is tokenized as every other."""
+    text = text.strip()
+    return " " + text if prefix_space and text else text
+
+
 class LocalEncoder(BatchedModel):
     inference_fn = encoder_inference
 
     def prepare(self, tokenizer) -> None:
         tokenizer.enable_truncation(MAX_TOKENS)
+        self.prefix_space = byte_level(tokenizer)
+
+    def encoded_text(self, text):
+        return bert_score_text(text, self.prefix_space)
 
     def result(self, encoding, output, extra) -> dict:
         keep = np.array(encoding.special_tokens_mask, bool) == 0
-        return {"vectors": np.asarray(output)[keep]}
+        return {"vectors": np.asarray(output)[keep], "ids": np.asarray(encoding.ids, np.int64)[keep]}
 
     def empty_result(self) -> dict:     # an empty text without special tokens: no token at all
-        return {"vectors": np.zeros((0, 0), np.float32)}
+        return {"vectors": np.zeros((0, 0), np.float32), "ids": np.zeros(0, np.int64)}
+
+
+_TOKENIZERS: dict = {}      # encoder folder -> its tokenizer, one per process
+
+
+def _tokenizer(uri: str):
+    if uri not in _TOKENIZERS:
+        from apache_beam.io.filesystems import FileSystems
+        from tokenizers import Tokenizer
+
+        with FileSystems.open(FileSystems.join(uri.rstrip("/"), "tokenizer.json")) as stream:
+            tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(MAX_TOKENS)
+        _TOKENIZERS[uri] = tokenizer
+    return _TOKENIZERS[uri]
+
+
+def reference_counts(uri: str, references: list[str]) -> tuple[int, dict]:
+    """(len(references), {token id: how many references hold it}) under the encoder's
+    tokenizer, special tokens left out: one part of BERTScore's idf table
+    (kernels.bertscore.add_counts sums the parts)."""
+    df: dict = {}
+    if references:
+        tokenizer = _tokenizer(uri)
+        prefix_space = byte_level(tokenizer)
+        for encoding in tokenizer.encode_batch([bert_score_text(r, prefix_space) for r in references]):
+            for token, special in set(zip(encoding.ids, encoding.special_tokens_mask)):
+                if not special:
+                    df[token] = df.get(token, 0) + 1
+    return len(references), df

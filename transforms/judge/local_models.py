@@ -111,6 +111,10 @@ class BatchedModel:
     def prepare(self, tokenizer) -> None:
         """Truncation and the like, before any text is encoded."""
 
+    def encoded_text(self, text):
+        """The text (or (text, pair)) as the tokenizer is given it."""
+        return text
+
     def extra(self):
         """What result() needs besides the model (a classifier's labels)."""
         return None
@@ -146,7 +150,7 @@ class BatchedModel:
         pending, self.pending = self.pending, []
         try:
             handler, session, tokenizer, extra = self._load()
-            encodings = tokenizer.encode_batch([text for text, _ in pending])
+            encodings = tokenizer.encode_batch([self.encoded_text(text) for text, _ in pending])
         except Exception as error:   # the model or tokenizer cannot be loaded: every request fails
             for _, future in pending:
                 future.set_exception(ModelError(f"{type(error).__name__}: {error}"))

@@ -66,7 +66,8 @@ Conventions (one per metric; the configurable ones are JudgeMetricConfig fields)
   BERTScore          one record per component (precision, recall, f1): greedy cosine matching
                       of the response's and a reference's token embeddings from the encoder
                       (kernels/bertscore.py), max over references per component; optionally
-                      rescaled with the model's baseline. No references -> not_applicable.
+                      idf-weighted (the dataset's references' idf, Judge.idf) and rescaled
+                      with the model's baseline. No references -> not_applicable.
   GPTScore<form>     one record per aspect (transforms/judge/gptscore.py): the average negative
                       log-likelihood of the target's tokens after the aspect's prompt, lower is
                       better; the reference forms average both directions and take the best
@@ -105,6 +106,7 @@ class JudgeMetricConfig:
     # and of BERTScore (local_encoder.py; no labels)
     classifiers: tuple = ()
     bertscore_baseline: tuple | None = None      # (P, R, F) baselines: rescaled BERTScore
+    bertscore_idf: bool = False                  # idf-weighted BERTScore (the references' idf)
 
 
 @dataclass
@@ -138,11 +140,13 @@ class NotApplicable(Exception):
 class Judge:
     """What a metric program may ask, bound to one session and one metric name."""
 
-    def __init__(self, session, config: JudgeMetricConfig, metric: str):
+    def __init__(self, session, config: JudgeMetricConfig, metric: str, idf=None):
         self.session = session
         self.config = config
         self.metric = metric
         self.dry = False
+        # (documents, {token id: df}) of the dataset's references, with --bertscore_idf
+        self.idf = idf
 
     def _template(self, template):
         from evalbeam.transforms.judge.templates import load_template
@@ -177,10 +181,11 @@ class Judge:
         record = self._checked(await self.session.call(classify_request(model, text, pair), self.metric))
         return record["content"]
 
-    async def token_vectors(self, model: str, text: str):
-        """float[n, H] embeddings of the text's tokens but the special ones (local_encoder.py)."""
+    async def token_vectors(self, model: str, text: str) -> dict:
+        """{"vectors": float[n, H], "ids": int[n]} of the text's tokens but the special ones
+        (local_encoder.py)."""
         record = self._checked(await self.session.call(token_vectors_request(model, text), self.metric))
-        return record["content"]["vectors"]
+        return record["content"]
 
     def _checked(self, record: dict) -> dict:
         status = record.get("status")
@@ -714,7 +719,12 @@ def bertscore_program(model: str, component: str):
             raise NotApplicable("references")
         response, *refs = await all_of(*(j.token_vectors(model, text)
                                          for text in [need(d.response, "response"), *references]))
-        value = bs.best([bs.scores(response, ref) for ref in refs])[index]
+
+        def weights(tokens):
+            return None if j.idf is None else bs.idf(tokens["ids"], *j.idf)
+
+        value = bs.best([bs.scores(response["vectors"], ref["vectors"], weights(response), weights(ref))
+                         for ref in refs])[index]
         if c.bertscore_baseline is not None:
             value = bs.rescale(value, c.bertscore_baseline[index])
         return Score(value)
@@ -797,10 +807,12 @@ def metric_programs(metrics, config: JudgeMetricConfig) -> list[tuple[str, dict,
     return out
 
 
-async def score_metric(session, config: JudgeMetricConfig, metric: str, program, datum: Datum) -> Score:
+async def score_metric(session, config: JudgeMetricConfig, metric: str, program, datum: Datum,
+                       idf=None) -> Score:
     """Run one program on one datum: its Score, with the status of a failure or of a missing
-    input; in a dry run the status is dry_run (the simulated answers are no result)."""
-    j = Judge(session, config, metric)
+    input; in a dry run the status is dry_run (the simulated answers are no result). idf:
+    BERTScore's table (Judge.idf), or None."""
+    j = Judge(session, config, metric, idf)
     try:
         score = await program(j, datum, config)
     except NotApplicable as missing:
@@ -852,7 +864,8 @@ def parameters_of(kind: str, extra: dict, config: JudgeMetricConfig) -> dict:
 
         model = shown_model(next(uri for metric, uri, _ in config.classifiers if metric == kind))
         if kind == "BERTScore":
-            return {"model_uri": model, "rescaled": config.bertscore_baseline is not None, **extra}
+            return {"model_uri": model, "rescaled": config.bertscore_baseline is not None,
+                    "idf": config.bertscore_idf, **extra}
         return {"model_uri": model, **extra}
     if kind == "BYOP":
         return {"judge_model": config.model, **extra}

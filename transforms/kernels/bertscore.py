@@ -1,13 +1,19 @@
 """BERTScore (Zhang et al. 2020, as the bert-score package computes it): greedy cosine matching
 of contextual token embeddings. Pure numpy.
 
-  scores(c, r)   c float[n, H]: the candidate's token embeddings, r float[m, H]: a reference's
-                 (special tokens such as [CLS] and [SEP] left out by the caller). With unit
-                 rows, S = c r^T (cosines), then
-                   P = (1/n) sum_j max_i S[j, i]     each candidate token's best reference token
-                   R = (1/m) sum_i max_j S[j, i]     each reference token's best candidate token
+  scores(c, r, wc=None, wr=None)
+                 c float[n, H]: the candidate's token embeddings, r float[m, H]: a reference's
+                 (special tokens such as [CLS] and [SEP] left out by the caller); wc float[n],
+                 wr float[m]: token weights (idf), all 1 when None. With unit rows,
+                 S = c r^T (cosines), then
+                   P = sum_j wc_j max_i S[j, i] / sum_j wc_j   each candidate token's best match
+                   R = sum_i wr_i max_j S[j, i] / sum_i wr_i   each reference token's best match
                    F = 2 P R / (P + R)               (0 when P + R = 0)
-                 An empty side (n = 0 or m = 0) gives P = R = F = 0.
+                 An empty side (n = 0 or m = 0) gives P = R = F = 0; a side whose weights sum
+                 to 0 (every token in every reference) gives its component 0 (bert-score: NaN).
+  idf(ids, documents, df)  float64[len(ids)] weights of token ids: log((M + 1) / (df(t) + 1)),
+                 M = documents (the references of the dataset), df(t) = how many of them hold
+                 token t (0 for a token none holds: log(M + 1)), as bert-score's get_idf_dict.
   best(per_reference)   max over references of each component on its own (the package's rule
                  for several references).
   rescale(v, b)  (v - b) / (1 - b) with the baseline b of the component (the package's
@@ -28,14 +34,38 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.where(norms == 0, 1.0, norms)
 
 
-def scores(candidate: np.ndarray, reference: np.ndarray) -> tuple[float, float, float]:
+def _weighted_mean(values: np.ndarray, weights) -> float:
+    if weights is None:
+        return float(values.mean())
+    weights = np.asarray(weights, dtype=np.float64)
+    total = weights.sum()
+    return float(values @ weights / total) if total > 0 else 0.0
+
+
+def scores(candidate: np.ndarray, reference: np.ndarray, candidate_weights=None,
+           reference_weights=None) -> tuple[float, float, float]:
     if len(candidate) == 0 or len(reference) == 0:
         return 0.0, 0.0, 0.0
     similarity = _unit(candidate) @ _unit(reference).T
-    precision = float(similarity.max(axis=1).mean())
-    recall = float(similarity.max(axis=0).mean())
+    precision = _weighted_mean(similarity.max(axis=1), candidate_weights)
+    recall = _weighted_mean(similarity.max(axis=0), reference_weights)
     f1 = 2 * precision * recall / (precision + recall) if precision + recall != 0 else 0.0
     return precision, recall, f1
+
+
+def idf(ids, documents: int, df: dict) -> np.ndarray:
+    return np.log((documents + 1.0) / (np.array([df.get(int(t), 0) for t in ids], dtype=np.float64) + 1.0))
+
+
+def add_counts(parts) -> tuple[int, dict]:
+    """(documents, {token id: documents holding it}) summed over parts of the same shape; an
+    associative CombineGlobally function (it is also given its own results)."""
+    documents, df = 0, {}
+    for n, counts in parts:
+        documents += n
+        for token, count in counts.items():
+            df[token] = df.get(token, 0) + count
+    return documents, df
 
 
 def best(per_reference: list[tuple[float, float, float]]) -> tuple[float, float, float]:
