@@ -11,11 +11,13 @@ The URL is the route that scores one text, and its last path segment names the p
                 URL with "#multi_label" and evalbeam asks for the raw scores and applies it.
                 Label names: GET .../info (model_type.classifier.id2label), before the run.
   .../classify  vLLM's classification API (`vllm serve MODEL --task classify`; also SGLang).
-                Body {"input": text}; answer {"data": [{"probs": [...], "num_classes": n}]},
+                Body {"input": text, "truncate_prompt_tokens": 512}; answer {"data":
+                [{"probs": [...], "num_classes": n}]},
                 the probabilities after the activation vLLM picks from the model's config.
                 vLLM does not name every label: they are LABEL_0 .. LABEL_{n-1}, in the
                 model's order, n from one probe request before the run. Single texts only.
-  .../score     vLLM's score API for a cross-encoder with one output (text_1, text_2): answer
+  .../score     vLLM's score API for a cross-encoder with one output (text_1, text_2, cut to
+                512 tokens as for /classify): answer
                 {"data": [{"score": s}]}, reported as the label "consistent". Pairs only (HHEM).
 
 One text (or pair) per request, so that every answer is journaled and reused on its own; the
@@ -37,6 +39,7 @@ import typing
 from urllib.parse import urlsplit
 
 ROUTES = ("predict", "classify", "score")
+MAX_TOKENS = 512    # vLLM cuts longer texts (truncate_prompt_tokens), as the local path does
 MULTI_LABEL = "multi_label"
 CONSISTENT = "consistent"   # the label a /score answer is reported as
 
@@ -108,8 +111,8 @@ def request_body(endpoint: ScoringEndpoint, text: str, pair: str | None) -> dict
         return {"inputs": text if pair is None else [text, pair], "truncate": True,
                 "raw_scores": endpoint.multi_label}
     if endpoint.route == "classify":
-        return {"input": text}
-    return {"text_1": text, "text_2": pair if pair is not None else ""}
+        return {"input": text, "truncate_prompt_tokens": MAX_TOKENS}
+    return {"text_1": text, "text_2": pair if pair is not None else "", "truncate_prompt_tokens": MAX_TOKENS}
 
 
 def _probability(value) -> float | None:
