@@ -104,11 +104,13 @@ def vocabulary(folder) -> dict:
 
 
 def write_tiny_classifier(folder, labels, multi_label: bool = False, dim: int = 8, seed: int = 1,
-                          words=WORDS) -> Path:
+                          words=WORDS, token_logits: bool = False, prompt: str | None = None) -> Path:
     """A sequence classifier (masked mean of word + segment embeddings, then a dense layer to
     len(labels) logits) with a BERT-style tokenizer ([CLS] text, or [CLS] text [SEP] pair with
     segment ids 0 / 1) and config.json (id2label; problem_type multi_label_classification when
-    multi_label). Returns the folder."""
+    multi_label; prompt when given). token_logits: logits [batch, tokens, labels] of each
+    token's embedding plus the masked mean, as HHEM-2.1-Open's token-classification head gives
+    them. Returns the folder."""
     from onnx import TensorProto, helper, numpy_helper
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -130,6 +132,8 @@ def write_tiny_classifier(folder, labels, multi_label: bool = False, dim: int = 
     config = {"id2label": {str(i): name for i, name in enumerate(labels)}}
     if multi_label:
         config["problem_type"] = "multi_label_classification"
+    if prompt is not None:
+        config["prompt"] = prompt
     (folder / "config.json").write_text(json.dumps(config))
 
     rng = np.random.default_rng(seed)
@@ -147,33 +151,45 @@ def write_tiny_classifier(folder, labels, multi_label: bool = False, dim: int = 
              helper.make_node("Mul", ["hidden", "maskf"], ["masked"]),
              helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
              helper.make_node("ReduceSum", ["maskf", "axis1"], ["count"], keepdims=0),
-             helper.make_node("Div", ["summed", "count"], ["pooled"]),
-             helper.make_node("MatMul", ["pooled", "dense"], ["scores"]),
-             helper.make_node("Add", ["scores", "bias"], ["logits"])]
+             helper.make_node("Div", ["summed", "count"], ["pooled"])]
+    shape = ["batch", len(labels)]
+    if token_logits:
+        nodes += [helper.make_node("Unsqueeze", ["pooled", "axis1"], ["context"]),
+                  helper.make_node("Add", ["hidden", "context"], ["tokens"]),
+                  helper.make_node("MatMul", ["tokens", "dense"], ["scores"])]
+        shape = ["batch", "sequence", len(labels)]
+    else:
+        nodes.append(helper.make_node("MatMul", ["pooled", "dense"], ["scores"]))
+    nodes.append(helper.make_node("Add", ["scores", "bias"], ["logits"]))
     ints = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
             for name in ("input_ids", "attention_mask", "token_type_ids")]
     graph = helper.make_graph(nodes, "tiny_classifier", ints,
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(labels)])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, shape)],
                               initializer=weights)
     return save(graph, folder)
 
 
 def direct_probabilities(folder, text: str, pair: str | None = None) -> dict:
     """{label: probability} of one text (or pair) with ONNX Runtime alone, as config.json says:
-    sigmoid per label for multi-label models, else softmax; first 512 tokens."""
+    sigmoid per label for multi-label models, else softmax; first 512 tokens; a pair through
+    the config's prompt when it has one; a token head's first token."""
     import onnxruntime
     from tokenizers import Tokenizer
 
     folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.enable_truncation(512)
+    if pair is not None and "prompt" in config:
+        text, pair = config["prompt"].replace("{text1}", text).replace("{text2}", pair), None
     encoding = tokenizer.encode(text, pair) if pair is not None else tokenizer.encode(text)
     ids = np.array([encoding.ids], np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
              "token_type_ids": np.array([encoding.type_ids], np.int64)}
     session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     logits = session.run(["logits"], feeds)[0][0].astype(np.float64)
-    config = json.loads((folder / "config.json").read_text())
+    if logits.ndim == 2:
+        logits = logits[0]
     if config.get("problem_type") == "multi_label_classification" or logits.size == 1:
         values = 1 / (1 + np.exp(-logits))
     else:

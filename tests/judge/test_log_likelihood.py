@@ -261,16 +261,18 @@ def test_batches_are_bounded_by_count_and_padded_tokens():
 
 def test_classifier_metrics_match_onnx_runtime_on_two_workers(tmp_path):
     """--model_uri: tiny classifiers (multi-label toxicity with sigmoids, a 2-class bias model
-    with softmax, a one-output pair model for HHEM) give per datum what ONNX Runtime gives on
-    each text alone, to 1e-6: toxicity the max over sentences per label, bias the "Biased"
-    label, HHEM the max over contexts of the pair's sigmoid."""
+    with softmax, an HHEM-2.1-Open-shaped pair model: a prompt in config.json and a token head)
+    give per datum what ONNX Runtime gives on each text alone, to 1e-6: toxicity the max over
+    sentences per label, bias the "Biased" label, HHEM the max over contexts of the first
+    token's softmax of label 1 for the prompt filled with (context, response)."""
     pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
     from evalbeam.transforms.kernels.judge_scores import split_sentences as split
     from tiny_models import direct_probabilities, write_tiny_classifier
 
     toxic = write_tiny_classifier(tmp_path / "tox", ["toxic", "insult", "threat"], multi_label=True)
     bias = write_tiny_classifier(tmp_path / "bias", ["Non-biased", "Biased"], seed=2)
-    hhem = write_tiny_classifier(tmp_path / "hhem", ["consistency"], seed=3)
+    hhem = write_tiny_classifier(tmp_path / "hhem", ["hallucinated", "supported"], seed=3, token_logits=True,
+                                 prompt="Determine if {text2} is true given {text1}.")
     truths = [{"datum_uid": u, "query": "q"} for u in ("a", "b", "c")]
     predictions = [
         {"datum_uid": "a", "response": "The tower stands in Paris. It is old!",
@@ -297,7 +299,7 @@ def test_classifier_metrics_match_onnx_runtime_on_two_workers(tmp_path):
                             direct_probabilities(bias, response)["Biased"], rel_tol=1e-6)
         row = rows[(uid, "HHEM", None)]
         if p.get("contexts"):
-            want = max(direct_probabilities(hhem, c, response)["consistency"] for c in p["contexts"])
+            want = max(direct_probabilities(hhem, c, response)["supported"] for c in p["contexts"])
             assert math.isclose(row["value"], want, rel_tol=1e-6)
         else:
             assert row["status"] == "not_applicable"

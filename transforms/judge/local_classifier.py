@@ -5,26 +5,35 @@ HHEM): `--model_uri METRIC=DIR`. Loading, batching and failures as every model o
 The model folder holds what an ONNX export of a Hugging Face sequence classifier holds
 (`optimum-cli export onnx --model unitary/toxic-bert --task text-classification DIR`):
   model.onnx       inputs input_ids int64[B, T] (attention_mask and token_type_ids fed when
-                   declared), output "logits" (else the first output) float[B, L]
+                   declared), output "logits" (else the first output) float[B, L], or
+                   float[B, T, L] of a token-classification head, of which the first token's
+                   logits are read (HHEM-2.1-Open's T5 head is read that way)
   tokenizer.json   its tokenizer; texts are cut to MAX_TOKENS tokens (512, as BERT-family
                    classifiers are trained), a pair (context, answer) is encoded as a pair
   config.json      id2label (label names; LABEL_i when absent) and problem_type:
                    "multi_label_classification" gives each label's sigmoid, anything else the
-                   softmax over the labels; a model with one output gives its sigmoid.
+                   softmax over the labels; a model with one output gives its sigmoid. A
+                   "prompt" holding {text1} and {text2} (HHEM-2.1-Open's config has one) turns
+                   a pair into that one text, context for {text1}, answer for {text2}, instead.
 The answer of one text: {"labels": [name], "probabilities": [float]}.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
 from evalbeam.transforms.judge.local_models import MAX_TOKENS, BatchedModel, output_named, padded_feeds
 
 
+PAIR_FIELDS = re.compile(r"\{text[12]\}")
+
+
 def read_config(uri: str) -> dict:
-    """{"labels": [names in index order], "multi_label": bool} of a model folder's config.json."""
+    """{"labels": [names in index order], "multi_label": bool, "prompt": str or None} of a model
+    folder's config.json."""
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.open(FileSystems.join(uri.rstrip("/"), "config.json")) as stream:
@@ -32,7 +41,17 @@ def read_config(uri: str) -> dict:
     id2label = config.get("id2label") or {}
     size = len(id2label) or int(config.get("num_labels", 1))
     labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(size)]
-    return {"labels": labels, "multi_label": config.get("problem_type") == "multi_label_classification"}
+    prompt = config.get("prompt")
+    if not (isinstance(prompt, str) and "{text1}" in prompt and "{text2}" in prompt):
+        prompt = None
+    return {"labels": labels, "multi_label": config.get("problem_type") == "multi_label_classification",
+            "prompt": prompt}
+
+
+def pair_text(prompt: str, text1: str, text2: str) -> str:
+    """The prompt with {text1} and {text2} filled in one pass (braces in the texts stay as they
+    are)."""
+    return PAIR_FIELDS.sub(lambda m: text1 if m.group(0) == "{text1}" else text2, prompt)
 
 
 def probabilities(logits: np.ndarray, multi_label: bool) -> np.ndarray:
@@ -48,8 +67,10 @@ def probabilities(logits: np.ndarray, multi_label: bool) -> np.ndarray:
 def classifier_inference(session, batch, inference_args=None) -> list:
     """(ids, type ids) pairs right-padded into one batch -> each one's logits float[L]."""
     feeds, _ = padded_feeds(session, batch)
-    logits = session.run([output_named(session, "logits")], feeds)[0]
-    return list(np.asarray(logits).reshape(len(batch), -1))
+    logits = np.asarray(session.run([output_named(session, "logits")], feeds)[0])
+    if logits.ndim == 3:    # a token-classification head: the first token's logits
+        logits = logits[:, 0, :]
+    return list(logits.reshape(len(batch), -1))
 
 
 class LocalClassifier(BatchedModel):
@@ -60,6 +81,12 @@ class LocalClassifier(BatchedModel):
 
     def extra(self):
         return read_config(self.uri)
+
+    def encoded_text(self, text):
+        prompt = self.loaded[3]["prompt"]
+        if prompt is not None and isinstance(text, tuple):
+            return pair_text(prompt, *text)
+        return text
 
     def result(self, encoding, output, config) -> dict:
         probs = probabilities(np.asarray(output).reshape(1, -1), config["multi_label"])[0]

@@ -107,11 +107,18 @@ def token_starts(encoding) -> list[int]:
     """Each token's first character; a special token added by the tokenizer (offsets (0, 0))
     starts where the token before it ends, so offsets never go back (an end-of-text token
     belongs to the end of the text)."""
-    starts, end = [], 0
-    for (start, stop), special in zip(encoding.offsets, encoding.special_tokens_mask):
-        if special:
-            starts.append(end)
-            continue
-        starts.append(int(start))
-        end = max(end, int(stop))
+    offsets = encoding.offsets
+    starts = [start for start, _ in offsets]
+    mask = encoding.special_tokens_mask
+    # special tokens before the first word (a start token) start at 0, as their offsets say:
+    # only one after a word needs its start moved (the usual case needs no loop at all)
+    first = mask.index(0) if 0 in mask else len(mask)
+    if 1 not in mask[first:]:
+        return starts
+    end = 0
+    for i in range(first, len(mask)):
+        if mask[i]:
+            starts[i] = end
+        else:
+            end = max(end, offsets[i][1])
     return starts
