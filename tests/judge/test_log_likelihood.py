@@ -411,5 +411,5 @@ def test_a_text_longer_than_a_model_call_is_refused_without_running(tmp_path):
                                     return_exceptions=True)
 
     short, long = asyncio.run(both())
-    assert len(short["tokens"]) == 4
+    assert len(short["token_logprobs"]) == len(short["text_offset"]) == 4
     assert isinstance(long, ModelError) and "8,193 tokens" in str(long)

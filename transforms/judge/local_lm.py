@@ -12,8 +12,9 @@ The model is loaded with a log-softmax and the pick of each next token appended 
 (with_next_token_logprobs), so the runtime returns one number per token rather than the logits
 over the whole vocabulary; token offsets are the tokenizer's character offsets. Models of more
 than 2 GB (ONNX external data) are not supported: the handler reads the model as one stream.
-The answer of one prompt: {"tokens", "token_logprobs" (the first None), "text_offset"}, as an
-endpoint's echo gives them.
+The answer of one prompt: {"token_logprobs" (the first None), "text_offset"}, as an endpoint's
+echo gives them (without the token strings, which no metric reads: building them cost more
+than the rest of the answer).
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ class LocalLM(BatchedModel):
         return _handler_class()(model_path, providers=providers, inference_fn=causal_lm_inference)
 
     def result(self, encoding, output, extra) -> dict:
-        return {"tokens": encoding.tokens, "token_logprobs": [None] + output[1:].tolist(),
+        return {"token_logprobs": [None] + output[1:].tolist(),
                 "text_offset": token_starts(encoding)}
 
     def empty_result(self) -> dict:
-        return {"tokens": [], "token_logprobs": [], "text_offset": []}
+        return {"token_logprobs": [], "text_offset": []}
 
 
 def token_starts(encoding) -> list[int]:
