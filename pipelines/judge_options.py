@@ -40,8 +40,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                         "or any Beam filesystem URI), run on the workers with ONNX Runtime for "
                         "Perplexity and the GPTScore metrics instead of the endpoint (needs "
                         "evalbeam[models])")
-    g.add_argument("--lm_batch_size", type=int, default=64, metavar="N",
-                   help="sequences per model call with --lm_uri and --model_uri (default 64; "
+    g.add_argument("--lm_batch_size", type=int, default=128, metavar="N",
+                   help="sequences per model call with --lm_uri and --model_uri (default 128; "
                         "at most 8,192 padded tokens whatever N)")
     g.add_argument("--model_uri", action="append", default=[], metavar="METRIC=DIR|URL",
                    help="the model of a metric scored on the workers: a text classifier for "

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vocabulary", type=int, default=500)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--layers", type=int, default=96)
-    parser.add_argument("--lm_batch_size", type=int, default=64)
+    parser.add_argument("--lm_batch_size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "evalbeam-bench", "models"))
     args = parser.parse_args(argv)

@@ -97,7 +97,7 @@ class BatchedModel:
 
     inference_fn = None
 
-    def __init__(self, uri: str, batch_size: int = 64):
+    def __init__(self, uri: str, batch_size: int = 128):
         self.uri = uri.rstrip("/")
         self.batch_size = max(1, int(batch_size))
         self.pending: list = []     # (text or (text, pair), future)

@@ -46,7 +46,7 @@ class JudgeSettings:
     dry_run: bool = False                   # count calls, tokens and cost; send nothing
     # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
     lm_uri: str | None = None
-    lm_batch_size: int = 64                 # and of the classifiers and encoders (--model_uri)
+    lm_batch_size: int = 128                # and of the classifiers and encoders (--model_uri)
     # the variable holding the key of the scoring endpoints (--model_uri METRIC=URL); "" none
     model_api_key_env: str = ""
 
