@@ -64,22 +64,49 @@ def check_golden_case(tmp_path, runner, name):
             json.load(open(golden, encoding="utf-8"))
 
 
+def shared_once(tmp_path, key: str, make):
+    """The folder where make(folder) ran, once per test run whichever test asks first: the
+    DirectRunner halves the portable and Dask tests both compare with (the pytest-xdist workers
+    of a run share pytest's base folder, and a lock file orders them)."""
+    import fcntl
+    import shutil
+
+    base = tmp_path.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path.parent
+    root = base / "direct-runs"
+    root.mkdir(exist_ok=True)
+    folder = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".done").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".done").touch()
+    return folder
+
+
 def check_segmentation_mask_files(tmp_path, runner, forms=("png", "npy")):
     """Masks the rows point to (PNG by a path relative to the rows' file, .npy by an absolute
     one) are read by the workers, not by the launcher."""
     sys.path.insert(0, str(ROOT / "tests" / "segmentation"))
     from test_segmentation import random_maps, write_inputs
 
-    for form in forms:
-        folder = write_inputs(tmp_path / form, random_maps(5), form)
-        base = ["segmentation", "--groundtruths", folder / "groundtruths.jsonl",
+    def base(folder):
+        return ["segmentation", "--groundtruths", folder / "groundtruths.jsonl",
                 "--predictions", f"good={folder / 'good.jsonl'}", "--predictions",
                 f"noisy={folder / 'noisy.jsonl'}", "--slice", "site", "--quiet"]
-        direct = run_evalbeam([*base, "--output", tmp_path / f"{form}-direct"])
-        cluster = run_evalbeam([*base, "--output", tmp_path / f"{form}-cluster", *runner])
-        assert direct.returncode == cluster.returncode == 0, cluster.stderr[-3000:]
+
+    for form in forms:
+        def direct_run(shared, form=form):
+            write_inputs(shared / "inputs", random_maps(5), form)
+            done = run_evalbeam([*base(shared / "inputs"), "--output", shared / "out"])
+            assert done.returncode == 0, done.stderr[-3000:]
+
+        shared = shared_once(tmp_path, f"segmentation-{form}", direct_run)
+        cluster = run_evalbeam([*base(shared / "inputs"), "--output", tmp_path / f"{form}-cluster", *runner])
+        assert cluster.returncode == 0, cluster.stderr[-3000:]
         for file in ("metrics.jsonl", "rejected.jsonl"):
-            assert (tmp_path / f"{form}-direct" / file).read_bytes() == \
+            assert (shared / "out" / file).read_bytes() == \
                 (tmp_path / f"{form}-cluster" / file).read_bytes(), (form, file)
 
 
@@ -87,8 +114,7 @@ def check_sweep(tmp_path, runner):
     """A sweep of two tasks (a classification group and text cells) with a gate and the report:
     the same cells, leaderboard and verdicts as on the DirectRunner."""
     golden = ROOT / "tests" / "golden" / "inputs"
-    manifest = tmp_path / "sweep.toml"
-    manifest.write_text(f"""
+    manifest_text = f"""
 [sweep]
 bootstrap = 10
 max_rejected_fraction = 0.2
@@ -125,12 +151,19 @@ predictions = "{golden / 'text' / 'bad.jsonl'}"
 [[gate]]
 metric = "Accuracy"
 min = 0.8
-""")
-    outs = {}
-    for name, extra in (("direct", []), ("cluster", runner)):
-        done = run_evalbeam(["sweep", manifest, "--output", tmp_path / name, "--quiet", "--report", *extra])
+"""
+
+    def sweep(manifest, out, *extra):
+        done = run_evalbeam(["sweep", manifest, "--output", out, "--quiet", "--report", *extra])
         assert done.returncode == 5, done.stderr[-3000:]      # model b: accuracy 0.73
-        outs[name] = tmp_path / name
+
+    def direct_run(shared):
+        (shared / "sweep.toml").write_text(manifest_text)
+        sweep(shared / "sweep.toml", shared / "direct")
+
+    shared = shared_once(tmp_path, "sweep", direct_run)
+    sweep(shared / "sweep.toml", tmp_path / "cluster", *runner)
+    outs = {"direct": shared / "direct", "cluster": tmp_path / "cluster"}
     for path in ["leaderboard.jsonl", "gates.json"] + [
             f"cells/{c}/{f}" for c in ("animals/a", "animals/b", "answers/good", "answers/bad")
             for f in ("metrics.jsonl", "rejected.jsonl")] + ["cells/answers/good/scores.jsonl"]:
