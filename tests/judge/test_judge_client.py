@@ -203,6 +203,19 @@ def test_ok_plain_and_schema_with_usage_and_fingerprint(server):
     assert sorted(r.hash for r in seen) == sorted([plain.hash, structured.hash])
 
 
+def test_an_oversized_answer_is_not_read(server):
+    """A body past max_body_bytes: http_error after one attempt, nothing retried; a body within
+    it reads as before."""
+    async def go(limit):
+        async with JudgeClient(server.url, KEY, rpm=6000, max_attempts=4, backoff_base_s=0.01) as client:
+            client.max_body_bytes = limit
+            return (await client.run([make("ok")]))[0]
+
+    small = asyncio.run(go(64))
+    assert small.status == "http_error" and small.attempts == 1 and "64 bytes" in small.error
+    assert asyncio.run(go(1 << 20)).status == "ok"
+
+
 def test_invalid_then_repaired_and_still_invalid(server):
     (fixed, bad), _ = judge_all(server, [make("invalid_once", SCHEMA), make("invalid_always", SCHEMA)])
     assert fixed.status == "ok" and fixed.content == {"score": 3} and fixed.attempts == 2

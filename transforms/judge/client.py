@@ -53,6 +53,7 @@ Per call:
   life (like a format fallback: at once, free).
 - `on_response(response)` is called once per request, as soon as it is final; an exception in
   it is logged (redacted) and swallowed, so it cannot lose other results.
+- An answer body over MAX_BODY_BYTES (64 MiB) is not read: http_error at once.
 - The API key is redacted (replaced by "***") from every error text and log line; the client's
   repr does not show it.
 """
@@ -82,6 +83,9 @@ log = logging.getLogger("evalbeam.judge")
 MODES = ("json_schema", "json_object", "text")
 TRANSIENT_STATUS = {408, 409, 429}
 MAX_ERROR_CHARS = 300
+# the largest answer read: a long prompt's echoed log-probabilities are ~1 MB, an embedding
+# ~100 KB; a body past this is a broken or hostile server, not an answer
+MAX_BODY_BYTES = 64 << 20
 
 
 class _Transient(Exception):
@@ -211,6 +215,7 @@ class JudgeClient:
         self.limiter = limiter or RateLimiter(rpm, tpm, window_s=window_s)
         self.mode_index = 0  # index into MODES; only ever increases
         self.logprobs_ok = True  # False once the server rejected logprobs (then never sent again)
+        self.max_body_bytes = MAX_BODY_BYTES
         self._session: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -465,7 +470,7 @@ class JudgeClient:
                 async with self._session.post(target, json=body, timeout=timeout) as resp:
                     status = resp.status
                     headers = resp.headers
-                    text = await resp.text()
+                    text = await self._body(resp)
             except asyncio.TimeoutError:
                 raise _Transient(rq.TIMEOUT, f"attempt timed out after {per_attempt:.3g}s") from None
             except (aiohttp.ClientError, OSError) as exc:
@@ -483,6 +488,18 @@ class JudgeClient:
             return self._read_ok(text, state, estimate)
         self._raise_for_error(status, headers, text, mode_index, state, bool(body.get("logprobs")))
         raise AssertionError("unreachable")
+
+    async def _body(self, resp) -> str:
+        """The answer's text, read in chunks and refused past max_body_bytes: a broken or
+        hostile server cannot make a worker hold an unbounded body (a permanent http_error)."""
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _Transient(rq.HTTP_ERROR, f"HTTP {resp.status} answer larger than "
+                                 f"{self.max_body_bytes:,} bytes: not read", give_up=True)
+            chunks.append(chunk)
+        return b"".join(chunks).decode(resp.charset or "utf-8", "replace")
 
     def _payload(self, req: rq.JudgeRequest, messages: list[dict], mode: str) -> dict:
         body: dict = {"model": req.model, "messages": list(messages), "temperature": req.temperature}
