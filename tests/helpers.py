@@ -36,6 +36,22 @@ def run_classification(args: list[str]) -> int:
     return run([str(a) for a in args])
 
 
+def run_cli_here(args: list[str], capsys) -> subprocess.CompletedProcess:
+    """`evalbeam ARGS` in this process, for runs that stop before any pipeline (usage and input
+    errors): the exit code, stdout and stderr as run_cli_subprocess gives them, without a fresh
+    interpreter's start-up. An uncaught exception fails the test, as a traceback would."""
+    from evalbeam.pipelines.cli import main
+
+    capsys.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
 def run_cli_subprocess(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m evalbeam.pipelines.cli ARGS` in a fresh interpreter (to see stderr as a user does)."""
     env = dict(os.environ)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalbeam.pipelines.common import local_pipeline
-from helpers import (MULTIPROCESS, read_jsonl, run_classification, run_cli_subprocess,
+from helpers import (MULTIPROCESS, read_jsonl, run_classification, run_cli_here, run_cli_subprocess,
                       write_jsonl)
 from evalbeam.pipelines.synthetic import write_classification_dataset
 
@@ -146,7 +146,7 @@ def test_max_rejected_fraction_tolerates_bad_rows(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "empty", "blank_lines", "unusable", "extension",
                                   "parquet_schema", "glob_nothing", "folder"])
-def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case):
+def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case, capsys):
     good = write_jsonl(tmp_path / "good.jsonl", [gt_row("a", "cat")])
     bad = {
         "missing": tmp_path / "absent.jsonl",
@@ -173,8 +173,8 @@ def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case):
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.jsonl").write_text("stale output of an earlier run\n")
-    result = run_cli_subprocess(["classification", "--groundtruths", bad, "--predictions",
-                                 f"m={good}", "--output", out])
+    result = run_cli_here(["classification", "--groundtruths", bad, "--predictions",
+                           f"m={good}", "--output", out], capsys)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     message = [line for line in result.stderr.splitlines() if line.startswith("evalbeam: error:")]
@@ -185,7 +185,7 @@ def test_unusable_input_stops_at_once_with_one_paragraph(tmp_path, case):
     assert (out / "metrics.jsonl").read_text() == "stale output of an earlier run\n"
 
 
-def test_usage_errors_are_one_line(tmp_path):
+def test_usage_errors_are_one_line(tmp_path, capsys):
     good = write_jsonl(tmp_path / "g.jsonl", [gt_row("a", "cat")])
     for args, text in [
         (["--score_thresholds", "0.5,x"], "comma-separated numbers"),
@@ -194,8 +194,8 @@ def test_usage_errors_are_one_line(tmp_path):
         (["--max_examples", "-1"], "--max_examples"),
         (["--score_threshold", "0.5"], "unknown option"),
     ]:
-        result = run_cli_subprocess(["classification", "--groundtruths", good, "--predictions",
-                                     f"m={good}", "--output", tmp_path / "o", *args])
+        result = run_cli_here(["classification", "--groundtruths", good, "--predictions",
+                               f"m={good}", "--output", tmp_path / "o", *args], capsys)
         assert result.returncode == 2, args
         assert text in result.stderr and "Traceback" not in result.stderr, result.stderr
 
