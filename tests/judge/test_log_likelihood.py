@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from helpers import MULTIPROCESS, write_jsonl
+from helpers import MULTIPROCESS, run_cli_here, write_jsonl
 from evalbeam.transforms.judge import gptscore
 from evalbeam.transforms.judge.client import prompt_logprobs
 from evalbeam.transforms.judge.stand_in import completions_payload, prompt_logprobs as stand_in_logprobs
@@ -195,15 +195,15 @@ def test_local_model_scores_match_onnx_runtime_on_two_workers(tmp_path):
     assert info["judge"]["sent"] == 0 and info["judge"]["local"] > 0
 
 
-def test_local_model_problems_stop_before_the_run(tmp_path):
+def test_local_model_problems_stop_before_the_run(tmp_path, capsys):
     """A folder without the model, or without ONNX Runtime installed: one paragraph, exit 2,
     nothing written."""
     gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
     pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "r"}])
     (tmp_path / "empty").mkdir()
-    done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
-                           "--output", tmp_path / "out", "--metrics", "Perplexity",
-                           "--lm_uri", tmp_path / "empty"], capture_output=True, text=True, timeout=300)
+    done = run_cli_here(["text", "--groundtruths", gt, "--predictions", f"m={pred}",
+                         "--output", tmp_path / "out", "--metrics", "Perplexity",
+                         "--lm_uri", tmp_path / "empty"], capsys)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "model.onnx" in done.stderr or "evalbeam[models]" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -310,14 +310,13 @@ def test_classifier_metrics_match_onnx_runtime_on_two_workers(tmp_path):
     assert bias_record["parameters"] == {"model_uri": str(bias), "label": "Biased"}
 
 
-def test_a_classifier_metric_without_its_model_stops_before_the_run(tmp_path):
+def test_a_classifier_metric_without_its_model_stops_before_the_run(tmp_path, capsys):
     gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
     pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "r"}])
     for extra in (["--metrics", "HHEM"], ["--metrics", "HHEM", "--model_uri", "Bias=x"],
                   ["--metrics", "HHEM", "--model_uri", f"HHEM={tmp_path}"]):
-        done = subprocess.run(["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}",
-                               "--output", tmp_path / "out", *extra], capture_output=True, text=True,
-                              timeout=300)
+        done = run_cli_here(["text", "--groundtruths", gt, "--predictions", f"m={pred}",
+                             "--output", tmp_path / "out", *extra], capsys)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "--model_uri" in done.stderr
         assert not (tmp_path / "out").exists()
