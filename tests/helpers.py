@@ -40,14 +40,22 @@ def run_cli_here(args: list[str], capsys) -> subprocess.CompletedProcess:
     """`evalbeam ARGS` in this process, for runs that stop before any pipeline (usage and input
     errors): the exit code, stdout and stderr as run_cli_subprocess gives them, without a fresh
     interpreter's start-up. An uncaught exception fails the test, as a traceback would."""
+    import logging
+
     from evalbeam.pipelines.cli import main
 
+    # the CLI quietens logging for its process; later tests in this one must not inherit that
+    loggers = [logging.getLogger(), logging.getLogger("apache_beam")]
+    levels = [logger.level for logger in loggers]
     capsys.readouterr()
     try:
         main([str(a) for a in args])
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     captured = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
