@@ -257,28 +257,12 @@ async def _api(request: web.Request, endpoint: str) -> web.StreamResponse:
                           text=broken)
 
 
-async def _chat(request):
-    return await _api(request, "chat")
+def _route(endpoint: str):
+    """The handler of one API endpoint (_api does the work)."""
+    async def handle(request):
+        return await _api(request, endpoint)
 
-
-async def _completions(request):
-    return await _api(request, "completions")
-
-
-async def _embeddings(request):
-    return await _api(request, "embeddings")
-
-
-async def _predict(request):
-    return await _api(request, "predict")
-
-
-async def _classify(request):
-    return await _api(request, "classify")
-
-
-async def _score(request):
-    return await _api(request, "score")
+    return handle
 
 
 async def _info(request):
@@ -307,17 +291,13 @@ async def _stats_reset(request):
 def build_app(state: JudgeState) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
-    app.router.add_post("/v1/chat/completions", _chat)
-    app.router.add_post("/chat/completions", _chat)  # clients configured without the /v1 prefix
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_post("/completions", _completions)
-    app.router.add_post("/v1/embeddings", _embeddings)
-    app.router.add_post("/embeddings", _embeddings)
-    app.router.add_post("/predict", _predict)      # TEI
+    # every path also without /v1: clients configured without the prefix (vLLM serves both)
+    for endpoint, path in (("chat", "/chat/completions"), ("completions", "/completions"),
+                           ("embeddings", "/embeddings"), ("classify", "/classify"), ("score", "/score")):
+        app.router.add_post("/v1" + path, _route(endpoint))
+        app.router.add_post(path, _route(endpoint))
+    app.router.add_post("/predict", _route("predict"))      # TEI
     app.router.add_get("/info", _info)
-    for prefix in ("", "/v1"):                      # vLLM serves both
-        app.router.add_post(prefix + "/classify", _classify)
-        app.router.add_post(prefix + "/score", _score)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/models", _models)
     app.router.add_get("/stats", _stats)

@@ -86,6 +86,14 @@ MAX_ERROR_CHARS = 300
 # the largest answer read: a long prompt's echoed log-probabilities are ~1 MB, an embedding
 # ~100 KB; a body past this is a broken or hostile server, not an answer
 MAX_BODY_BYTES = 64 << 20
+# the request kinds answered by one POST (no repair): the _Reply field holding the content, and
+# the error when the answer lacks it (invalid_output)
+ANSWER_FIELDS = {
+    "embedding": ("vector", "no embedding in the answer"),
+    "classify": ("classified", "no label probabilities in the answer"),
+    "logprobs": ("prompt_logprobs", "no prompt log-probabilities in the answer (echo and logprobs "
+                                    "on /completions)"),
+}
 
 
 class _Transient(Exception):
@@ -273,33 +281,16 @@ class JudgeClient:
     async def _judge(self, req: rq.JudgeRequest, state: _CallState, started: float) -> rq.JudgeResponse:
         schema = req.response_schema  # canonical JSON text, or None
         messages = [{"role": role, "content": content} for role, content in req.messages]
-        if req.kind == "embedding":
+        if req.kind in ANSWER_FIELDS:     # one POST; its answer's field is the content
+            field, missing = ANSWER_FIELDS[req.kind]
             try:
                 reply = await self._complete(req, messages, state)
             except _Transient as exc:
                 return self._failure(req, state, started, exc.status, exc.message)
-            if not reply.vector:
-                return self._failure(req, state, started, rq.INVALID_OUTPUT, "no embedding in the answer", reply)
-            return self._success(req, state, started, reply, reply.vector)
-        if req.kind == "classify":
-            try:
-                reply = await self._complete(req, messages, state)
-            except _Transient as exc:
-                return self._failure(req, state, started, exc.status, exc.message)
-            if reply.classified is None:
-                return self._failure(req, state, started, rq.INVALID_OUTPUT,
-                                     "no label probabilities in the answer", reply)
-            return self._success(req, state, started, reply, reply.classified)
-        if req.kind == "logprobs":
-            try:
-                reply = await self._complete(req, messages, state)
-            except _Transient as exc:
-                return self._failure(req, state, started, exc.status, exc.message)
-            if reply.prompt_logprobs is None:
-                return self._failure(req, state, started, rq.INVALID_OUTPUT,
-                                     "no prompt log-probabilities in the answer (echo and "
-                                     "logprobs on /completions)", reply)
-            return self._success(req, state, started, reply, reply.prompt_logprobs)
+            content = getattr(reply, field)
+            if not content:
+                return self._failure(req, state, started, rq.INVALID_OUTPUT, missing, reply)
+            return self._success(req, state, started, reply, content)
         final, reply = await self._reply(req, messages, state, started, schema)
         if final is not None:
             return final
