@@ -11,14 +11,14 @@ The URL is the route that scores one text, and its last path segment names the p
                 URL with "#multi_label" and evalbeam asks for the raw scores and applies it.
                 Label names: GET .../info (model_type.classifier.id2label), before the run.
   .../classify  vLLM's classification API (`vllm serve MODEL --task classify`; also SGLang).
-                Body {"input": text, "truncate_prompt_tokens": 512}; answer {"data":
-                [{"probs": [...], "num_classes": n}]},
-                the probabilities after the activation vLLM picks from the model's config.
-                vLLM does not name every label: they are LABEL_0 .. LABEL_{n-1}, in the
-                model's order, n from one probe request before the run. Single texts only.
-  .../score     vLLM's score API for a cross-encoder with one output (text_1, text_2, cut to
-                512 tokens as for /classify): answer
-                {"data": [{"score": s}]}, reported as the label "consistent". Pairs only (HHEM).
+                Body {"input": text, "truncate_prompt_tokens": 512}; answer {"data": [{"probs":
+                [...], "num_classes": n}]}, the probabilities after the activation vLLM picks
+                from the model's config. vLLM does not name every label: they are LABEL_0 ..
+                LABEL_{n-1}, in the model's order, n from one probe request before the run.
+                Single texts only.
+  .../score     vLLM's score API for a cross-encoder with one output: body {"text_1": context,
+                "text_2": response, "truncate_prompt_tokens": 512}; answer {"data": [{"score":
+                s}]}, reported as the label "consistent". Pairs only (HHEM).
 
 One text (or pair) per request, so that every answer is journaled and reused on its own; the
 judge engine's limits, retries, deadline and budget apply (the engine's rpm and concurrency,
