@@ -50,6 +50,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
                         "ONNX, repeatable, needs evalbeam[models]. Or a served classifier's "
                         "scoring route: http://HOST/predict (TEI; add #multi_label for a "
                         "multi-label model), .../classify or .../score (vLLM)")
+    g.add_argument("--model_rpm", type=float, default=None, metavar="R",
+                   help="requests per minute to the scoring endpoints of --model_uri, all workers "
+                        "(default: no limit; --judge_concurrency still bounds the calls in flight)")
     g.add_argument("--model_api_key_env", default=None, metavar="NAME",
                    help="environment variable holding the key of the scoring endpoints of "
                         "--model_uri (default: none sent; the judge's key is never sent there)")
@@ -250,6 +253,9 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
             raise UsageError(f"{option} must be a positive number")
     if args.judge_tpm is not None and not args.judge_tpm > 0:
         raise UsageError("--judge_tpm must be a positive number")
+    model_rpm = getattr(args, "model_rpm", None)
+    if model_rpm is not None and not (model_rpm > 0 and math.isfinite(model_rpm)):
+        raise UsageError("--model_rpm must be a positive number")
     if not 0.0 <= args.judge_similarity_weight <= 1.0:
         raise UsageError("--judge_similarity_weight must lie in [0, 1]")
     if not 0.0 <= args.judge_max_failed_fraction <= 1.0:
@@ -267,7 +273,7 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     classifiers = classifier_models(args.model_uri, args.model_api_key_env)
     settings = JudgeSettings(
         url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
-        model_api_key_env=args.model_api_key_env or "",
+        model_api_key_env=args.model_api_key_env or "", model_rpm=model_rpm,
         api_key_env=args.judge_api_key_env or DEFAULT_KEY_ENV, rpm=args.judge_rpm,
         tpm=args.judge_tpm,
         concurrency=max(args.judge_concurrency, workers), timeout_s=args.judge_timeout,
@@ -400,7 +406,7 @@ def judge_options_info(settings, config, journal: str) -> dict:
             "price_completion_1k": settings.price_completion_1k, "dry_run": settings.dry_run,
             "byop": [t.name for t in config.byop],
             "model_uris": {metric: scoring.shown_model(uri) for metric, uri, _ in config.classifiers},
-            "model_api_key_env": settings.model_api_key_env or None}
+            "model_api_key_env": settings.model_api_key_env or None, "model_rpm": settings.model_rpm}
 
 
 

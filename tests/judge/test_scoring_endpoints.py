@@ -158,19 +158,22 @@ def test_scoring_endpoint_problems_stop_before_the_run(tmp_path, capsys):
         assert not (tmp_path / "out").exists()
 
 
-def test_the_scoring_key_is_its_own(tmp_path, monkeypatch):
-    """The judge's key never goes to a scoring endpoint; --model_api_key_env's does."""
+def test_the_scoring_key_and_rate_are_their_own(tmp_path, monkeypatch):
+    """The judge's key never goes to a scoring endpoint; --model_api_key_env's does. The rate is
+    --model_rpm's share per worker, not the judge's; unlimited without it."""
     from evalbeam.transforms.judge.session import JudgeSession
     from evalbeam.transforms.judge.transform import JudgeSettings
 
     monkeypatch.setenv("OPENAI_API_KEY", "judge-secret")
     monkeypatch.setenv("SCORER_KEY", "scorer-secret")
-    for key_env, want in (("", ""), ("SCORER_KEY", "scorer-secret")):
-        session = JudgeSession(JudgeSettings(url="", model_api_key_env=key_env), str(tmp_path / "journal"))
+    for key_env, want, model_rpm, rpm in (("", "", None, 10 ** 12), ("SCORER_KEY", "scorer-secret", 120.0, 60)):
+        settings = JudgeSettings(url="", rpm=30, workers=2, model_api_key_env=key_env, model_rpm=model_rpm)
+        session = JudgeSession(settings, str(tmp_path / "journal"))
         session.open()
         try:
             client = session.run(session._scoring_client("http://127.0.0.1:1/predict#multi_label"))
             assert client.url == "http://127.0.0.1:1/predict"
             assert client._api_key == want
+            assert client.limiter.requests.limit == rpm
         finally:
             session.close()

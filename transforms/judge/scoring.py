@@ -21,8 +21,8 @@ The URL is the route that scores one text, and its last path segment names the p
                 s}]}, reported as the label "consistent". Pairs only (HHEM).
 
 One text (or pair) per request, so that every answer is journaled and reused on its own; the
-judge engine's limits, retries, deadline and budget apply (the engine's rpm and concurrency,
-its own bucket per URL), and a scoring request is priced 0. The key, when the endpoint wants
+judge engine's concurrency, retries, deadline and budget apply, the rate is --model_rpm (no
+limit by default; its own bucket per URL), and a scoring request is priced 0. The key, when the endpoint wants
 one, comes from the variable named by --model_api_key_env and goes to the scoring endpoints
 only (never the judge's key: the two are often different parties).
 

@@ -252,7 +252,8 @@ class JudgeSession:
 
     async def _scoring_client(self, uri: str):
         """The client of one scoring endpoint (scoring.py) on this worker, opened on first use:
-        the judge's limits and retries, its own rate bucket, the key of --model_api_key_env."""
+        the judge's concurrency and retries, --model_rpm (default no limit), the key of
+        --model_api_key_env."""
         endpoint = parse_endpoint(uri)
         if endpoint.url not in self.scorers:
             from evalbeam.transforms.judge.client import JudgeClient
@@ -261,7 +262,8 @@ class JudgeSession:
             workers = max(1, s.workers)
             client = JudgeClient(
                 endpoint.url, os.environ.get(s.model_api_key_env, "") if s.model_api_key_env else "",
-                rpm=max(1, int(s.rpm / workers)), tpm=10 ** 12,
+                # a self-hosted classifier is bounded by the concurrency, not by a quota
+                rpm=max(1, int(s.model_rpm / workers)) if s.model_rpm else 10 ** 12, tpm=10 ** 12,
                 concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
                 deadline_s=s.deadline_s, max_attempts=s.max_attempts)
             self.scorers[endpoint.url] = client

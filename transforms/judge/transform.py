@@ -49,6 +49,7 @@ class JudgeSettings:
     lm_batch_size: int = 128                # and of the classifiers and encoders (--model_uri)
     # the variable holding the key of the scoring endpoints (--model_uri METRIC=URL); "" none
     model_api_key_env: str = ""
+    model_rpm: float | None = None          # their requests per minute, all workers (None: no limit)
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         return (prompt_tokens * self.price_prompt_1k + completion_tokens * self.price_completion_1k) / 1000.0
