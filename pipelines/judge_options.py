@@ -128,9 +128,8 @@ def _workers(beam_args: list[str]) -> int:
 def model_uris(values: list[str]) -> dict:
     """{metric: folder} of --model_uri METRIC=DIR options; raises UsageError for a metric that
     takes no classifier or a metric given twice."""
-    from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS
-
     from evalbeam.transforms.judge import scoring
+    from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS
 
     out: dict = {}
     for value in values:
@@ -253,7 +252,7 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
             raise UsageError(f"{option} must be a positive number")
     if args.judge_tpm is not None and not args.judge_tpm > 0:
         raise UsageError("--judge_tpm must be a positive number")
-    model_rpm = getattr(args, "model_rpm", None)
+    model_rpm = args.model_rpm
     if model_rpm is not None and not (model_rpm > 0 and math.isfinite(model_rpm)):
         raise UsageError("--model_rpm must be a positive number")
     if not 0.0 <= args.judge_similarity_weight <= 1.0:
@@ -285,7 +284,7 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
         model=args.judge_model, embedding_model=args.judge_embedding_model,
         lm_model=args.lm_uri or args.judge_lm_model, classifiers=classifiers,
         bertscore_baseline=bertscore_baseline(args.bertscore_baseline),
-        bertscore_idf=bool(getattr(args, "bertscore_idf", False)),
+        bertscore_idf=args.bertscore_idf,
         temperature=args.judge_temperature, seed=args.judge_seed, top_logprobs=args.judge_top_logprobs,
         similarity_weight=args.judge_similarity_weight,
         both_empty=parse_optional_number(args.judge_both_empty, "--judge_both_empty", float, 0.0, 1.0),
@@ -407,7 +406,6 @@ def judge_options_info(settings, config, journal: str) -> dict:
             "byop": [t.name for t in config.byop],
             "model_uris": {metric: scoring.shown_model(uri) for metric, uri, _ in config.classifiers},
             "model_api_key_env": settings.model_api_key_env or None, "model_rpm": settings.model_rpm}
-
 
 
 def judge_table(report: dict) -> str:
