@@ -50,7 +50,8 @@ def test_scoring_endpoints_match_the_stand_in_on_two_workers(tmp_path):
     """TEI with #multi_label (toxicity: each label's sigmoid of the raw scores, max over
     sentences), vLLM /classify (bias: label 1 of the softmax, unnamed) and TEI pairs (HHEM:
     the softmax's "consistent", max over contexts), on two worker processes; then TEI without
-    #multi_label (the server's softmax, the "Biased" label by name) and vLLM /score for HHEM."""
+    #multi_label (the server's softmax, the "Biased" label by name) and vLLM /score for HHEM,
+    run twice on one journal: the second run sends nothing and scores the same."""
     from evalbeam.pipelines.judge_server import StandInServer
 
     with StandInServer() as server:
@@ -59,9 +60,16 @@ def test_scoring_endpoints_match_the_stand_in_on_two_workers(tmp_path):
                                           f"FairnessBias={b}/v1/classify", f"HHEM={b}/predict"],
                         "ToxicityClassifier,FairnessBias,HHEM", *MULTIPROCESS)
         assert done.returncode == 0, done.stderr[-3000:]
-        again = run_text(tmp_path, "out2", [f"FairnessBias={b}/predict", f"HHEM={b}/score"],
-                         "FairnessBias,HHEM")
+        second = [f"FairnessBias={b}/predict", f"HHEM={b}/score"]
+        journal = ["--judge_journal", tmp_path / "journal"]
+        again = run_text(tmp_path, "out2", second, "FairnessBias,HHEM", *journal)
         assert again.returncode == 0, again.stderr[-3000:]
+        server.reset_stats()
+        # a rerun is answered from the journal: nothing is sent (GET /info is not counted)
+        rerun = run_text(tmp_path, "out3", second, "FairnessBias,HHEM", *journal)
+        assert rerun.returncode == 0 and server.stats()["requests"] == 0, rerun.stderr[-3000:]
+        scores = [(tmp_path / out / "scores.jsonl").read_bytes() for out in ("out2", "out3")]
+        assert scores[0] == scores[1]
     first, second = scores_of(tmp_path / "out"), scores_of(tmp_path / "out2")
     consistent = PAIR_LABELS.index("consistent")
     for p in PREDICTIONS:
