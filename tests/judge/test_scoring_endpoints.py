@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 
-import pytest
 
 from helpers import MULTIPROCESS, write_jsonl
 from evalbeam.transforms.judge import scoring
