@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 
-
 from helpers import MULTIPROCESS, write_jsonl
 from evalbeam.transforms.judge import scoring
 from evalbeam.transforms.judge.stand_in import PAIR_LABELS, TEXT_LABELS, classifier_logits, softmax
