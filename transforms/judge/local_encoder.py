@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from evalbeam.transforms.judge.local_models import MAX_TOKENS, BatchedModel, output_named, padded_feeds
+from evalbeam.transforms.judge.local_models import (MAX_TOKENS, BatchedModel, output_named, padded_feeds,
+                                                     read_tokenizer)
 
 
 def encoder_inference(session, batch, inference_args=None) -> list:
@@ -65,19 +66,14 @@ class LocalEncoder(BatchedModel):
         return {"vectors": np.zeros((0, 0), np.float32), "ids": np.zeros(0, np.int64)}
 
 
-_TOKENIZERS: dict = {}      # encoder folder -> its tokenizer, one per process
+_TOKENIZERS: dict = {}      # encoder folder -> (its tokenizer as LocalEncoder prepares it, prefix space)
 
 
 def _tokenizer(uri: str):
     if uri not in _TOKENIZERS:
-        from apache_beam.io.filesystems import FileSystems
-        from tokenizers import Tokenizer
-
-        with FileSystems.open(FileSystems.join(uri.rstrip("/"), "tokenizer.json")) as stream:
-            tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
-        tokenizer.no_padding()
+        tokenizer = read_tokenizer(uri)
         tokenizer.enable_truncation(MAX_TOKENS)
-        _TOKENIZERS[uri] = tokenizer
+        _TOKENIZERS[uri] = (tokenizer, byte_level(tokenizer))
     return _TOKENIZERS[uri]
 
 
@@ -87,8 +83,7 @@ def reference_counts(uri: str, references: list[str]) -> tuple[int, dict]:
     (kernels.bertscore.add_counts sums the parts)."""
     df: dict = {}
     if references:
-        tokenizer = _tokenizer(uri)
-        prefix_space = byte_level(tokenizer)
+        tokenizer, prefix_space = _tokenizer(uri)
         for encoding in tokenizer.encode_batch([bert_score_text(r, prefix_space) for r in references]):
             for token, special in set(zip(encoding.ids, encoding.special_tokens_mask)):
                 if not special:

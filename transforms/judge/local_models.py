@@ -83,6 +83,18 @@ def padded_feeds(session, batch: list) -> tuple[dict, list[int]]:
     return feeds, lengths
 
 
+def read_tokenizer(uri: str):
+    """The `tokenizers` tokenizer of a model folder (tokenizer.json, any Beam filesystem),
+    without padding: texts are padded into batches by padded_feeds."""
+    from apache_beam.io.filesystems import FileSystems
+    from tokenizers import Tokenizer
+
+    with FileSystems.open(FileSystems.join(uri.rstrip("/"), "tokenizer.json")) as stream:
+        tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def output_named(session, name: str) -> str:
     """`name` if the graph has that output, else its first output."""
     outputs = [o.name for o in session.get_outputs()]
@@ -123,16 +135,13 @@ class BatchedModel:
         if self.loaded is None:
             from apache_beam.io.filesystems import FileSystems
             from apache_beam.utils.shared import Shared
-            from tokenizers import Tokenizer
             import onnxruntime
 
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
                          if p in onnxruntime.get_available_providers()]
             handler = self.handler(FileSystems.join(self.uri, "model.onnx"), providers)
             session = _SHARED.setdefault(self.uri, Shared()).acquire(handler.load_model, tag=self.uri)
-            with FileSystems.open(FileSystems.join(self.uri, "tokenizer.json")) as stream:
-                tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
-            tokenizer.no_padding()
+            tokenizer = read_tokenizer(self.uri)
             self.prepare(tokenizer)
             self.loaded = (handler, session, tokenizer, self.extra())
         return self.loaded
