@@ -125,15 +125,24 @@ class JudgeSession:
 
             self.local = LocalLM(s.lm_uri, s.lm_batch_size)
         if not s.dry_run and s.url:   # no URL: only the local model answers
-            from evalbeam.transforms.judge.client import JudgeClient
-
-            self.client = JudgeClient(
-                s.url, os.environ.get(s.api_key_env, ""), rpm=max(1, int(s.rpm / workers)),
-                # no token limit given: a bucket too large to ever wait
-                tpm=max(1, int(s.tpm / workers)) if s.tpm else 10 ** 12,
-                concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
-                deadline_s=s.deadline_s, max_attempts=s.max_attempts)
+            self.client = self._new_client(s.url, s.api_key_env, s.rpm, s.tpm)
             self.loop.run_until_complete(self.client.__aenter__())
+
+    def _new_client(self, url: str, key_env: str, rpm: float | None, tpm: float | None):
+        """A client with this worker's share of the limits (rpm and tpm over the workers; None:
+        a bucket too large to ever wait), the settings' concurrency share, timeouts and
+        attempts, and the key of the variable key_env ("" for none)."""
+        from evalbeam.transforms.judge.client import JudgeClient
+
+        s = self.settings
+        workers = max(1, s.workers)
+
+        def share(limit):
+            return max(1, int(limit / workers)) if limit else 10 ** 12
+
+        return JudgeClient(url, os.environ.get(key_env, "") if key_env else "", rpm=share(rpm),
+                           tpm=share(tpm), concurrency=max(1, s.concurrency // workers),
+                           timeout_s=s.timeout_s, deadline_s=s.deadline_s, max_attempts=s.max_attempts)
 
     def close(self) -> None:
         if self.loop is None:
@@ -256,16 +265,10 @@ class JudgeSession:
         --model_api_key_env."""
         endpoint = parse_endpoint(uri)
         if endpoint.url not in self.scorers:
-            from evalbeam.transforms.judge.client import JudgeClient
-
-            s = self.settings
-            workers = max(1, s.workers)
-            client = JudgeClient(
-                endpoint.url, os.environ.get(s.model_api_key_env, "") if s.model_api_key_env else "",
-                # a self-hosted classifier is bounded by the concurrency, not by a quota
-                rpm=max(1, int(s.model_rpm / workers)) if s.model_rpm else 10 ** 12, tpm=10 ** 12,
-                concurrency=max(1, s.concurrency // workers), timeout_s=s.timeout_s,
-                deadline_s=s.deadline_s, max_attempts=s.max_attempts)
+            # a self-hosted classifier is bounded by the concurrency, not by a quota: no token
+            # bucket, and a rate only with --model_rpm
+            client = self._new_client(endpoint.url, self.settings.model_api_key_env,
+                                      self.settings.model_rpm, None)
             self.scorers[endpoint.url] = client
             await client.__aenter__()
         return self.scorers[endpoint.url]
