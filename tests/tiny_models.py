@@ -224,8 +224,9 @@ def write_tiny_encoder(folder, dim: int = 8, seed: int = 4, words=WORDS) -> Path
     return folder
 
 
-def direct_token_vectors(folder, text: str) -> np.ndarray:
-    """float64[n, dim] hidden states of one text's non-special tokens, ONNX Runtime alone."""
+def direct_token_vectors(folder, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(float64[n, dim] hidden states of one text's tokens, bool[n] which are special), ONNX
+    Runtime alone."""
     import onnxruntime
     from tokenizers import Tokenizer
 
@@ -237,4 +238,4 @@ def direct_token_vectors(folder, text: str) -> np.ndarray:
     session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     hidden = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                                  "token_type_ids": np.zeros_like(ids)})[0][0]
-    return hidden[np.array(encoding.special_tokens_mask) == 0].astype(np.float64)
+    return hidden.astype(np.float64), np.array(encoding.special_tokens_mask, bool)

@@ -325,7 +325,7 @@ def test_a_classifier_metric_without_its_model_stops_before_the_run(tmp_path, ca
 def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
     """--model_uri BERTScore=DIR with a tiny contextual encoder: precision, recall and F1 per
     datum equal greedy cosine matching computed here from ONNX Runtime's vectors of each text
-    alone (special tokens left out), max over references per component, to 1e-6; with
+    alone (special tokens matched, not averaged), max over references per component, to 1e-6; with
     --bertscore_idf and --bertscore_baseline the idf-weighted means (idf = log((M + 1) / (df + 1))
     over the M references of all ground truths, a repeated datum_uid's left out) and the
     rescaled values; no references: not_applicable."""
@@ -359,12 +359,12 @@ def test_bertscore_matches_a_direct_computation_on_two_workers(tmp_path):
         return np.log((len(references) + 1) / (np.array([df.get(t, 0) for t in ids]) + 1.0))
 
     def direct(candidate: str, reference: str, weighted: bool) -> tuple:
-        c, r = direct_token_vectors(encoder, candidate), direct_token_vectors(encoder, reference)
+        (c, sc), (r, sr) = direct_token_vectors(encoder, candidate), direct_token_vectors(encoder, reference)
         c = c / np.linalg.norm(c, axis=1, keepdims=True)
         r = r / np.linalg.norm(r, axis=1, keepdims=True)
-        sim = c @ r.T
-        wc, wr = (idf(candidate), idf(reference)) if weighted else (np.ones(len(c)), np.ones(len(r)))
-        p, rec = sim.max(axis=1) @ wc / wc.sum(), sim.max(axis=0) @ wr / wr.sum()
+        sim = c @ r.T     # [CLS] and [SEP] compete for the best match, and are not averaged
+        wc, wr = (idf(candidate), idf(reference)) if weighted else (np.ones((~sc).sum()), np.ones((~sr).sum()))
+        p, rec = sim.max(axis=1)[~sc] @ wc / wc.sum(), sim.max(axis=0)[~sr] @ wr / wr.sum()
         return p, rec, 2 * p * rec / (p + rec)
 
     for rescaled in (False, True):

@@ -5,10 +5,12 @@ The folder holds an ONNX export of a BERT-family encoder (`optimum-cli export on
 roberta-large --task feature-extraction DIR`): model.onnx (input input_ids, attention_mask and
 token_type_ids when declared; output "last_hidden_state", else the first output, float[B, T, H])
 and tokenizer.json (texts cut to 512 tokens). The answer of one text: {"vectors": float32[n, H],
-"ids": int64[n]} of its tokens but the special ones ([CLS], [SEP], <s>, </s>), which BERTScore
-leaves out. As bert-score does, a text is stripped first, and a byte-level BPE tokenizer
-(RoBERTa's, GPT-2's) gets a leading space, so the first word is tokenized as every other. reference_counts() counts the references' token ids for BERTScore's idf weights with
-the same tokenizer (same cut, same special tokens left out).
+"ids": int64[n], "special": bool[n]} of all its tokens, the special ones ([CLS], [SEP], <s>,
+</s>) marked: BERTScore never averages them but lets them be a word's best match, as bert-score
+does (kernels/bertscore.py). As bert-score does, a text is stripped first, and a byte-level BPE
+tokenizer (RoBERTa's, GPT-2's) gets a leading space, so the first word is tokenized as every
+other. reference_counts() counts the references' token ids for BERTScore's idf weights with
+the same tokenizer (same cut; special tokens left out: they weigh 0).
 The layer is the export's output: bert-score picks a layer per model (17 of 24 for
 roberta-large); export that layer's hidden states for the package's numbers.
 """
@@ -59,11 +61,12 @@ class LocalEncoder(BatchedModel):
         return bert_score_text(text, self.prefix_space)
 
     def result(self, encoding, output, extra) -> dict:
-        keep = np.array(encoding.special_tokens_mask, bool) == 0
-        return {"vectors": np.asarray(output)[keep], "ids": np.asarray(encoding.ids, np.int64)[keep]}
+        return {"vectors": np.asarray(output), "ids": np.asarray(encoding.ids, np.int64),
+                "special": np.array(encoding.special_tokens_mask, bool)}
 
     def empty_result(self) -> dict:     # an empty text without special tokens: no token at all
-        return {"vectors": np.zeros((0, 0), np.float32), "ids": np.zeros(0, np.int64)}
+        return {"vectors": np.zeros((0, 0), np.float32), "ids": np.zeros(0, np.int64),
+                "special": np.zeros(0, bool)}
 
 
 _TOKENIZERS: dict = {}      # encoder folder -> (its tokenizer as LocalEncoder prepares it, prefix space)

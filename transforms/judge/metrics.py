@@ -65,7 +65,8 @@ Conventions (one per metric; the configurable ones are JudgeMetricConfig fields)
                       no contexts field or [] -> not_applicable.
   BERTScore          one record per component (precision, recall, f1): greedy cosine matching
                       of the response's and a reference's token embeddings from the encoder
-                      (kernels/bertscore.py), max over references per component; optionally
+                      (kernels/bertscore.py: special tokens matched, not averaged, as in
+                      bert-score), max over references per component; optionally
                       idf-weighted (the dataset's references' idf, Judge.idf) and rescaled
                       with the model's baseline. No references -> not_applicable.
   GPTScore<form>     one record per aspect (transforms/judge/gptscore.py): the average negative
@@ -182,8 +183,8 @@ class Judge:
         return record["content"]
 
     async def token_vectors(self, model: str, text: str) -> dict:
-        """{"vectors": float[n, H], "ids": int[n]} of the text's tokens but the special ones
-        (local_encoder.py)."""
+        """{"vectors": float[n, H], "ids": int[n], "special": bool[n]} of the text's tokens,
+        the special ones marked (local_encoder.py)."""
         record = self._checked(await self.session.call(token_vectors_request(model, text), self.metric))
         return record["content"]
 
@@ -723,8 +724,8 @@ def bertscore_program(model: str, component: str):
         def weights(tokens):
             return None if j.idf is None else bs.idf(tokens["ids"], *j.idf)
 
-        value = bs.best([bs.scores(response["vectors"], ref["vectors"], weights(response), weights(ref))
-                         for ref in refs])[index]
+        value = bs.best([bs.scores(response["vectors"], ref["vectors"], weights(response), weights(ref),
+                                   response["special"], ref["special"]) for ref in refs])[index]
         if c.bertscore_baseline is not None:
             value = bs.rescale(value, c.bertscore_baseline[index])
         return Score(value)

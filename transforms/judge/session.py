@@ -68,7 +68,7 @@ def simulated_content(request):
     if request.kind == "classify":   # a dry run's placeholder: no model is run
         return {"labels": ["LABEL_0"], "probabilities": [0.0]}, ""
     if request.kind == "tokens":
-        return {"vectors": [[1.0]], "ids": [0]}, ""
+        return {"vectors": [[1.0]], "ids": [0], "special": [False]}, ""
     body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
     if request.schema is not None:
         body["response_format"] = {"type": "json_schema",

@@ -1,0 +1,94 @@
+"""The models on the workers against the reference implementations, on the real architectures:
+tests/reference_models/ holds a GPT-2, a RoBERTa, a BERT with detoxify's six labels, a
+DistilBERT bias classifier and HHEM-2.1's T5 token classifier, tiny and with random weights,
+exported to ONNX as pipelines/text.md tells users to export the real models (optimum-cli, or
+torch.onnx.export for HHEM), and expected.json with what transformers, the bert-score package and
+HHEM's own computation give on them (make_reference_models.py, which needs torch; these tests do
+not). evalbeam's per-datum scores must agree: Perplexity to 1e-5 relative (ONNX Runtime's float32
+log-softmax against torch's loss), the rest to 5e-6."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import MULTIPROCESS, write_jsonl
+
+MODELS = Path(__file__).resolve().parents[1] / "reference_models"
+pytestmark = pytest.mark.skipif(not (MODELS / "expected.json").exists(),
+                                reason="tests/reference_models/expected.json is missing")
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return json.loads((MODELS / "expected.json").read_text(encoding="utf-8"))
+
+
+def inputs(folder: Path, expected: dict) -> tuple[Path, Path]:
+    n = len(expected["responses"])
+    gt = write_jsonl(folder / "gt.jsonl", [{"datum_uid": f"d{i:02d}", "query": "q",
+                                             "references": expected["references"][i]} for i in range(n)])
+    pred = write_jsonl(folder / "pred.jsonl", [{"datum_uid": f"d{i:02d}", "response": expected["responses"][i],
+                                                "contexts": [expected["contexts"][i]]} for i in range(n)])
+    return gt, pred
+
+
+def scores(out: Path, metric: str, parameter: str | None = None, value: str | None = None) -> list:
+    """The per-datum values of one metric (and parameter value) in datum order."""
+    rows = [json.loads(line) for line in open(out / "scores.jsonl", encoding="utf-8")]
+    chosen = {r["datum_uid"]: r for r in rows
+              if r["metric"] == metric and (parameter is None or r["parameters"].get(parameter) == value)}
+    assert all(r["status"] == "ok" for r in chosen.values()), chosen
+    return [chosen[uid]["value"] for uid in sorted(chosen)]
+
+
+def close(got: list, want: list, rel: float = 0.0, abs_: float = 5e-6) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert math.isclose(g, w, rel_tol=rel, abs_tol=abs_), (got, want)
+
+
+def test_every_model_agrees_with_its_reference(tmp_path, expected):
+    """Perplexity (GPT-2 through optimum's text-generation export), BERTScore (RoBERTa cut to
+    the layer bert-score reads, feature-extraction export; the package's P, R, F1 of the pair),
+    ToxicityClassifier (multi-label BERT: each label's sigmoid), FairnessBias (DistilBERT: the
+    softmax's "Biased"), HHEM (T5 over HHEM's prompt: the first token's softmax)."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    gt, pred = inputs(tmp_path, expected)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out, "--quiet",
+         "--metrics", "Perplexity,BERTScore,ToxicityClassifier,FairnessBias,HHEM",
+         "--lm_uri", MODELS / "gpt2", "--model_uri", f"BERTScore={MODELS / 'roberta'}",
+         "--model_uri", f"ToxicityClassifier={MODELS / 'toxic_bert'}",
+         "--model_uri", f"FairnessBias={MODELS / 'bias'}", "--model_uri", f"HHEM={MODELS / 'hhem'}"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    close(scores(out, "Perplexity"), expected["Perplexity"], rel=1e-5, abs_=0.0)
+    for component, values in expected["BERTScore"].items():
+        close(scores(out, "BERTScore", "component", component), values)
+    for label, values in expected["ToxicityClassifier"].items():
+        close(scores(out, "ToxicityClassifier", "label", label), values)
+    close(scores(out, "FairnessBias", "label", "Biased"), expected["FairnessBias"])
+    close(scores(out, "HHEM"), expected["HHEM"])
+
+
+def test_bertscore_idf_agrees_with_bert_score_on_two_workers(tmp_path, expected):
+    """--bertscore_idf: bert-score's idf=True over the same references (the dataset's), on two
+    worker processes."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    gt, pred = inputs(tmp_path, expected)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out, "--quiet",
+         "--metrics", "BERTScore", "--model_uri", f"BERTScore={MODELS / 'roberta'}", "--bertscore_idf",
+         *MULTIPROCESS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for component, values in expected["BERTScore_idf"].items():
+        close(scores(out, "BERTScore", "component", component), values)
+    # the weights matter here: the plain means are not the idf ones
+    assert max(abs(a - b) for a, b in zip(expected["BERTScore_idf"]["f1"], expected["BERTScore"]["f1"])) > 1e-3
