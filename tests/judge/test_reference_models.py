@@ -3,7 +3,8 @@ tests/reference_models/ holds a GPT-2, a RoBERTa, a BERT with detoxify's six lab
 DistilBERT bias classifier and HHEM-2.1's T5 token classifier, tiny and with random weights,
 exported to ONNX as pipelines/text.md tells users to export the real models (optimum-cli, or
 torch.onnx.export for HHEM), and expected.json with what transformers, the bert-score package and
-HHEM's own computation give on them (make_reference_models.py, which needs torch; these tests do
+HHEM's own computation give on them, and lmppl (H2O Sonar's Perplexity package)
+(make_reference_models.py, which needs torch; these tests do
 not). evalbeam's per-datum scores must agree: Perplexity to 1e-5 relative (ONNX Runtime's float32
 log-softmax against torch's loss), the rest to 5e-6."""
 
@@ -53,7 +54,8 @@ def close(got: list, want: list, rel: float = 0.0, abs_: float = 5e-6) -> None:
 
 
 def test_every_model_agrees_with_its_reference(tmp_path, expected):
-    """Perplexity (GPT-2 through optimum's text-generation export), BERTScore (RoBERTa cut to
+    """Perplexity (GPT-2 through optimum's text-generation export; transformers' loss and
+    lmppl's value), BERTScore (RoBERTa cut to
     the layer bert-score reads, feature-extraction export; the package's P, R, F1 of the pair),
     ToxicityClassifier (multi-label BERT: each label's sigmoid), FairnessBias (DistilBERT: the
     softmax's "Biased"), HHEM (T5 over HHEM's prompt: the first token's softmax)."""
@@ -69,6 +71,7 @@ def test_every_model_agrees_with_its_reference(tmp_path, expected):
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     close(scores(out, "Perplexity"), expected["Perplexity"], rel=1e-5, abs_=0.0)
+    close(scores(out, "Perplexity"), expected["Perplexity_lmppl"], rel=1e-5, abs_=0.0)   # H2O's package
     for component, values in expected["BERTScore"].items():
         close(scores(out, "BERTScore", "component", component), values)
     for label, values in expected["ToxicityClassifier"].items():

@@ -2,15 +2,16 @@
 DistilBERT, T5 as HHEM-2.1 wraps it), tiny and with random weights, exported to ONNX the way
 pipelines/text.md tells users to export the real models (`optimum-cli export onnx`, or
 torch.onnx.export for HHEM), with the values the reference implementations compute on them:
-transformers' own loss for Perplexity, the bert-score package for BERTScore, the models' own
-sigmoid / softmax for the classifiers, HHEM's first-token softmax.
+transformers' own loss and lmppl (H2O Sonar's package) for Perplexity, the bert-score package
+for BERTScore, the models' own sigmoid / softmax for the classifiers, HHEM's first-token softmax.
 
-tests/text/test_reference_models.py runs evalbeam on these folders and checks its scores against
+tests/judge/test_reference_models.py runs evalbeam on these folders and checks its scores against
 expected.json. That test needs only evalbeam's test extras; this script needs torch,
-transformers, optimum-onnx and bert-score, which the tests do not install (several GB):
+transformers, optimum-onnx, bert-score and lmppl, which the tests do not install (several GB):
 
     python -m venv /tmp/refenv && /tmp/refenv/bin/pip install torch transformers optimum-onnx \
-        bert-score onnxruntime
+        bert-score lmppl onnxruntime && /tmp/refenv/bin/pip install "protobuf>=6.31"
+        # (lmppl pins an old protobuf that onnx cannot use; it runs with the new one)
     /tmp/refenv/bin/python tests/reference_models/make_reference_models.py
 
 The weights are seeded, but the exporters' output bytes are not promised stable across
@@ -135,7 +136,13 @@ def gpt2(work: Path, texts: list[str]) -> dict:
         for text in texts:
             ids = tokenizer(text, return_tensors="pt")["input_ids"]
             values.append(float(torch.exp(model(ids, labels=ids).loss)) if ids.shape[1] > 1 else None)
-    return {"Perplexity": values}
+    # lmppl, the package H2O Sonar's Perplexity runs distilgpt2 with (padded batches, its own pad
+    # token): the same definition, checked here rather than assumed
+    import lmppl
+
+    by_lmppl = lmppl.LM(str(src)).get_perplexity(texts, batch_size=4)
+    assert all(abs(a - b) <= 1e-4 * b for a, b in zip(by_lmppl, values)), (by_lmppl, values)
+    return {"Perplexity": values, "Perplexity_lmppl": by_lmppl}
 
 
 def roberta(work: Path, pairs: list[tuple[str, list[str]]]) -> dict:
@@ -271,8 +278,8 @@ def hhem(work: Path, pairs: list[tuple[str, str]]) -> dict:
 
 
 def main() -> int:
-    import bert_score
-    import optimum
+    from importlib import metadata
+
     import torch
     import transformers
 
@@ -285,8 +292,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         expected = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                 "optimum": getattr(optimum, "__version__", "?"),
-                                 "bert_score": bert_score.__version__},
+                                 "optimum": metadata.version("optimum"),
+                                 "bert_score": metadata.version("bert-score"),
+                                 "lmppl": metadata.version("lmppl")},
                     "responses": responses, "references": references, "contexts": contexts}
         expected.update(gpt2(work, responses))
         expected.update(roberta(work, list(zip(responses, references))))
