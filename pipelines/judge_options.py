@@ -162,6 +162,12 @@ def check_model_folder(option: str, uri: str, needed: tuple, what: str) -> None:
     problem = missing_runtime(option.split()[0])
     if problem:
         raise UsageError(problem)
+    try:
+        FileSystems.get_filesystem(uri)
+    except ValueError:
+        raise UsageError(f"{option}: no Beam filesystem reads {uri.split('://')[0]}:// paths; give a "
+                         "local folder or a URI of an installed filesystem (gs:// with "
+                         "apache-beam[gcp], s3:// with apache-beam[aws])") from None
     missing = [name for name in needed if not FileSystems.exists(FileSystems.join(uri.rstrip("/"), name))]
     if missing:
         raise UsageError(f"{option}: no {' and no '.join(missing)} there; the folder must hold an "

@@ -55,7 +55,9 @@ Per call:
   it is logged (redacted) and swallowed, so it cannot lose other results.
 - An answer body over MAX_BODY_BYTES (64 MiB) is not read: http_error at once.
 - The API key is redacted (replaced by "***") from every error text and log line; the client's
-  repr does not show it.
+  repr does not show it. `scrubbed(record)` does the same in every string of an answer's
+  record, which the session applies before journaling: a server that echoes the key cannot
+  put it in the journal or the scores.
 """
 
 from __future__ import annotations
@@ -252,6 +254,20 @@ class JudgeClient:
         if self._api_key:
             text = text.replace(self._api_key, "***")
         return text[:MAX_ERROR_CHARS]
+
+    def scrubbed(self, value: typing.Any) -> typing.Any:
+        """value (an answer's record: dicts, lists, strings, numbers) with the API key replaced
+        by "***" in every string, keys included: a server that echoes the Authorization header
+        into its answer cannot put the key in the journal, the scores or the outputs."""
+        if not self._api_key:
+            return value
+        if isinstance(value, str):
+            return value.replace(self._api_key, "***")
+        if isinstance(value, dict):
+            return {self.scrubbed(k): self.scrubbed(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.scrubbed(v) for v in value]
+        return value
 
     # ---------------------------------------------------------------- public
     async def run(self, requests: typing.Sequence[rq.JudgeRequest]) -> list[rq.JudgeResponse]:

@@ -14,7 +14,10 @@ The model folder holds what an ONNX export of a Hugging Face sequence classifier
                    "multi_label_classification" gives each label's sigmoid, anything else the
                    softmax over the labels; a model with one output gives its sigmoid. A
                    "prompt" holding {text1} and {text2} (HHEM-2.1-Open's config has one) turns
-                   a pair into that one text, context for {text1}, answer for {text2}, instead.
+                   a pair into that one text, context for {text1}, answer for {text2}, instead
+                   (each once, in at most MAX_PROMPT_CHARS; label names must differ).
+A model whose output does not give one finite score per label of config.json fails the text
+(model_error), never a score under the wrong label.
 The answer of one text: {"labels": [name], "probabilities": [float]}.
 """
 
@@ -25,10 +28,11 @@ import re
 
 import numpy as np
 
-from evalbeam.transforms.judge.local_models import MAX_TOKENS, BatchedModel, output_named, padded_feeds
+from evalbeam.transforms.judge.local_models import MAX_TOKENS, BatchedModel, ModelError, output_named, padded_feeds
 
 
 PAIR_FIELDS = re.compile(r"\{text[12]\}")
+MAX_PROMPT_CHARS = 4096     # HHEM-2.1-Open's prompt is under 100
 
 
 def read_config(uri: str) -> dict:
@@ -41,9 +45,15 @@ def read_config(uri: str) -> dict:
     id2label = config.get("id2label") or {}
     size = len(id2label) or int(config.get("num_labels", 1))
     labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(size)]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"id2label names a label twice ({', '.join(labels)}): each label is one record")
     prompt = config.get("prompt")
     if not (isinstance(prompt, str) and "{text1}" in prompt and "{text2}" in prompt):
         prompt = None
+    elif prompt.count("{text1}") != 1 or prompt.count("{text2}") != 1 or len(prompt) > MAX_PROMPT_CHARS:
+        # each text is filled in once: a prompt repeating them would multiply every pair's size
+        raise ValueError(f"its prompt must hold {{text1}} and {{text2}} once each, in at most "
+                         f"{MAX_PROMPT_CHARS:,} characters")
     return {"labels": labels, "multi_label": config.get("problem_type") == "multi_label_classification",
             "prompt": prompt}
 
@@ -89,10 +99,13 @@ class LocalClassifier(BatchedModel):
         return text
 
     def result(self, encoding, output, config) -> dict:
-        probs = probabilities(np.asarray(output).reshape(1, -1), config["multi_label"])[0]
-        labels = (config["labels"] if len(config["labels"]) == probs.size
-                  else [f"LABEL_{k}" for k in range(probs.size)])
-        return {"labels": labels, "probabilities": probs.tolist()}
+        logits = np.asarray(output, dtype=np.float64).reshape(1, -1)
+        if logits.shape[1] != len(config["labels"]):
+            raise ModelError(f"the model gives {logits.shape[1]} score(s) per text, config.json names "
+                             f"{len(config['labels'])} label(s): not the model the config describes")
+        if not np.isfinite(logits).all():
+            raise ModelError("the model's logits hold NaN or infinity")
+        return {"labels": config["labels"], "probabilities": probabilities(logits, config["multi_label"])[0].tolist()}
 
     def empty_result(self) -> dict:     # never: the tokenizer adds its special tokens
         raise ValueError("a text without any token")

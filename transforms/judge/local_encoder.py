@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from evalbeam.transforms.judge.local_models import (MAX_TOKENS, BatchedModel, output_named, padded_feeds,
-                                                     read_tokenizer)
+from evalbeam.transforms.judge.local_models import (MAX_TOKENS, BatchedModel, ModelError, output_named,
+                                                     padded_feeds, read_tokenizer)
 
 
 def encoder_inference(session, batch, inference_args=None) -> list:
@@ -61,7 +61,14 @@ class LocalEncoder(BatchedModel):
         return bert_score_text(text, self.prefix_space)
 
     def result(self, encoding, output, extra) -> dict:
-        return {"vectors": np.asarray(output), "ids": np.asarray(encoding.ids, np.int64),
+        output = np.asarray(output)
+        if output.ndim != 2 or len(output) != len(encoding.ids):
+            raise ModelError(f"the encoder gives an output of shape {list(output.shape)} for "
+                             f"{len(encoding.ids)} tokens, not one vector per token (is it a "
+                             "feature-extraction export?)")
+        if not np.isfinite(output).all():
+            raise ModelError("the encoder's vectors hold NaN or infinity")
+        return {"vectors": output, "ids": np.asarray(encoding.ids, np.int64),
                 "special": np.array(encoding.special_tokens_mask, bool)}
 
     def empty_result(self) -> dict:     # an empty text without special tokens: no token at all

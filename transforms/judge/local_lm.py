@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evalbeam.transforms.judge.local_models import BatchedModel, padded_feeds
+from evalbeam.transforms.judge.local_models import BatchedModel, ModelError, padded_feeds
 
 NEXT_IDS = "evalbeam_next_ids"
 TOKEN_LOGPROBS = "evalbeam_token_logprobs"
@@ -97,6 +97,8 @@ class LocalLM(BatchedModel):
         return _handler_class()(model_path, providers=providers, inference_fn=causal_lm_inference)
 
     def result(self, encoding, output, extra) -> dict:
+        if not np.isfinite(output[1:]).all():
+            raise ModelError("the model's log-probabilities hold NaN or infinity")
         return {"token_logprobs": [None] + output[1:].tolist(),
                 "text_offset": token_starts(encoding)}
 

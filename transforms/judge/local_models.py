@@ -179,8 +179,11 @@ class BatchedModel:
                 future = pending[i][1]
                 if isinstance(output, Exception):
                     future.set_exception(ModelError(f"{type(output).__name__}: {output}"))
-                else:
+                    continue
+                try:
                     future.set_result(self.result(encodings[i], output, extra))
+                except ModelError as error:     # an output of the wrong shape, NaN: this text only
+                    future.set_exception(error)
 
     def result(self, encoding, output, extra) -> dict:
         raise NotImplementedError

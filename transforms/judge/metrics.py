@@ -662,12 +662,17 @@ LIKELIHOOD_METRICS = ("Perplexity",) + gptscore.FORMS
 
 # ---------------------------------------------------------------- classifier metrics
 
-def probability_of(answer: dict, label: str | None, index: int = 1) -> float:
-    """The probability of `label` (by name) in a classifier's answer, else of label `index`
-    (the last label when there are fewer)."""
+def probability_of(answer: dict, label: str, index: int | None = None) -> float:
+    """The probability of `label` (by name) in a classifier's answer. index None: the label
+    must be there (it was read from the model before the run), else the answer is
+    invalid_output; an index: a model that does not name `label` gives the probability of
+    label `index` instead (the last label when there are fewer; HHEM's rule)."""
     labels, values = answer["labels"], answer["probabilities"]
-    if label is not None and label in labels:
+    if label in labels:
         return float(values[labels.index(label)])
+    if index is None:
+        raise Failed(INVALID_OUTPUT, f"the classifier's answer has no label {label!r} (it names "
+                                     f"{', '.join(map(str, labels[:10]))})")
     return float(values[min(index, len(values) - 1)])
 
 
@@ -684,7 +689,7 @@ def toxicity_program(model: str, label: str):
         if not sentences:
             return Score(0.0)
         answers = await all_of(*(j.classify(model, sentence) for sentence in sentences))
-        return Score(max(probability_of(answer, label, 0) for answer in answers))
+        return Score(max(probability_of(answer, label) for answer in answers))
 
     return program
 
@@ -703,7 +708,7 @@ def hhem_program(model: str):
         if not contexts:
             raise NotApplicable("contexts")
         answers = await all_of(*(j.classify(model, context, response) for context in contexts))
-        return Score(max(probability_of(answer, "consistent") for answer in answers))
+        return Score(max(probability_of(answer, "consistent", 1) for answer in answers))
 
     return program
 

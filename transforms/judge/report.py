@@ -51,7 +51,8 @@ def judge_problems(records: list[dict], max_failed_fraction: float,
     metric, with "counts" per datum status. Per metric (BYOP per template), over all models:
     failed = the datums whose status is a failure (any status not in NOT_FAILED: http_error,
     timeout, invalid_output, ...), asked = all datums but those in NOT_ASKED. An error
-    "judge_failed" (the run is incomplete) when failed / asked > max_failed_fraction, a warning
+    "judge_failed" (the run is incomplete) when failed / asked > max_failed_fraction or no datum
+    was judged ok (the metric has no value, whatever the fraction allows), a warning
     "judge_failed_within_limit" when some failed within it; one warning "judge_not_sent" for the
     datums a --judge_max_calls / --judge_max_cost budget left unjudged. samples: {status: the
     first error text of that status} (redacted by the client), quoted in the messages."""
@@ -72,10 +73,11 @@ def judge_problems(records: list[dict], max_failed_fraction: float,
             continue
         n_failed = sum(failed.values())
         asked = sum(n for s, n in counts.items() if s not in NOT_ASKED)
-        over = n_failed / asked > max_failed_fraction
+        judged = counts.get("ok", 0)
+        # a metric no datum could be judged for was not computed, whatever the fraction allows
+        over = n_failed / asked > max_failed_fraction or not judged
         statuses = ", ".join(f"{s} {n:,}" for s, n in failed.items())
         example = next((f"; e.g. {s}: {samples[s][:200]}" for s in failed if (samples or {}).get(s)), "")
-        judged = counts.get("ok", 0)
         value = (f"its value is the mean over the {judged:,} datums judged ok" if judged else
                  "it has no value")
         text = (f"judge metric {label}: {n_failed:,} of {asked:,} datums could not be judged "
@@ -87,9 +89,9 @@ def judge_problems(records: list[dict], max_failed_fraction: float,
                 hint = ("" if any(p["code"] == "judge_failed" for p in out) else
                         " Fix the endpoint and run again: answers already received are reused "
                         "from the journal.")
-            out.append(problem(ERROR, "judge_failed", text + (
-                f"more than --judge_max_failed_fraction {max_failed_fraction:g} allows, and "
-                f"{value}.{hint}")))
+            limit = (f"more than --judge_max_failed_fraction {max_failed_fraction:g} allows, and"
+                     if n_failed / asked > max_failed_fraction else "none was judged, so")
+            out.append(problem(ERROR, "judge_failed", text + f"{limit} {value}.{hint}"))
         else:
             out.append(problem(WARNING, "judge_failed_within_limit", text + (
                 f"within --judge_max_failed_fraction {max_failed_fraction:g}; {value}.")))

@@ -209,7 +209,10 @@ async def _labels(endpoint: ScoringEndpoint, api_key: str, timeout_s: float) -> 
         raise ValueError("GET /info names no classifier labels (model_type.classifier.id2label): "
                          "is the served model a sequence classifier?")
     try:
-        return tuple(str(id2label[key]) for key in sorted(id2label, key=int))
+        labels = tuple(str(id2label[key]) for key in sorted(id2label, key=int))
     except (ValueError, TypeError):
         raise ValueError("GET /info's id2label is not keyed by label index") from None
+    if len(set(labels)) != len(labels):
+        raise ValueError("GET /info's id2label names a label twice: each label is one record")
+    return labels
 

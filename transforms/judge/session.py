@@ -242,7 +242,7 @@ class JudgeSession:
         response = await client.judge(request)
         now = time.time()
         self.stats["max:last_done"] = max(self.stats.get("max:last_done", now), now)
-        record = dict(response_record(response, request, s, client.url), cached=False)
+        record = client.scrubbed(dict(response_record(response, request, s, client.url), cached=False))
         self.writer.append(record)
         if record["status"] in REUSABLE:
             self.known[h] = record
