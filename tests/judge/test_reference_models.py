@@ -62,14 +62,19 @@ def test_every_model_agrees_with_its_reference(tmp_path, expected):
     pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
     gt, pred = inputs(tmp_path, expected)
     out = tmp_path / "out"
-    done = subprocess.run(
-        ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out, "--quiet",
-         "--metrics", "Perplexity,BERTScore,ToxicityClassifier,FairnessBias,HHEM",
-         "--lm_uri", MODELS / "gpt2", "--model_uri", f"BERTScore={MODELS / 'roberta'}",
-         "--model_uri", f"ToxicityClassifier={MODELS / 'toxic_bert'}",
-         "--model_uri", f"FairnessBias={MODELS / 'bias'}", "--model_uri", f"HHEM={MODELS / 'hhem'}"],
-        capture_output=True, text=True, timeout=600)
+    command = ["evalbeam", "text", "--groundtruths", gt, "--predictions", f"m={pred}", "--quiet",
+               "--metrics", "Perplexity,BERTScore,ToxicityClassifier,FairnessBias,HHEM",
+               "--lm_uri", MODELS / "gpt2", "--model_uri", f"BERTScore={MODELS / 'roberta'}",
+               "--model_uri", f"ToxicityClassifier={MODELS / 'toxic_bert'}",
+               "--model_uri", f"FairnessBias={MODELS / 'bias'}", "--model_uri", f"HHEM={MODELS / 'hhem'}"]
+    done = subprocess.run(command + ["--output", out], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    # each text alone, on two worker processes: the same bytes (these exports give a text the
+    # same output whatever else is in its padded batch)
+    alone = subprocess.run(command + ["--output", tmp_path / "alone", "--lm_batch_size", "1", *MULTIPROCESS],
+                           capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert (tmp_path / "alone" / "metrics.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
     close(scores(out, "Perplexity"), expected["Perplexity"], rel=1e-5, abs_=0.0)
     close(scores(out, "Perplexity"), expected["Perplexity_lmppl"], rel=1e-5, abs_=0.0)   # H2O's package
     for component, values in expected["BERTScore"].items():
