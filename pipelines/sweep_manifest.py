@@ -131,6 +131,17 @@ def _fill(text: str, values: dict, where: str, errors: list) -> str | None:
     return text.format(**values)
 
 
+def safe_name(name: str) -> bool:
+    """A dataset or model name is a folder of DIR/cells/<dataset>/<model>/: one plain path
+    component on every OS. Letters, digits, '_', '.', '-' only (no separator, no drive colon),
+    and not starting with '.': that refuses '.' and '..', which would put a cell's files in
+    cells/ or DIR itself (or above it), and hidden folders."""
+    return bool(NAME.match(name)) and not name.startswith(".")
+
+
+NAME_RULE = "may hold only letters, digits, '_', '.', '-' and may not start with '.'"
+
+
 def _check_keys(table: dict, known: set, where: str, errors: list, lines: Lines, name: str,
                 index: int | None) -> None:
     for key in sorted(set(table) - known):
@@ -205,8 +216,9 @@ def load(path: str) -> Manifest:
                 errors.append(f"{where}: needs {key} = \"...\"")
         name = d.get("name")
         if isinstance(name, str) and name:
-            if not NAME.match(name):
-                errors.append(f"{where}: the name {name!r} may hold only letters, digits, '_', '.', '-'")
+            if not safe_name(name):
+                errors.append(f"{where}: the name {name!r} {NAME_RULE} (it names the folder "
+                              "cells/<dataset>/)")
             elif name in seen_datasets:
                 errors.append(f"{where}: a dataset named {name!r} is already defined at line "
                               f"{seen_datasets[name]}")
@@ -225,9 +237,9 @@ def load(path: str) -> Manifest:
         name = m.get("name")
         if not isinstance(name, str) or not name:
             errors.append(f"{where}: needs name = \"...\"")
-        elif not NAME.match(name) or name == "groundtruths":
-            errors.append(f"{where}: the name {name!r} may hold only letters, digits, '_', '.', '-' "
-                          "(and is not 'groundtruths')")
+        elif not safe_name(name) or name == "groundtruths":
+            errors.append(f"{where}: the name {name!r} {NAME_RULE} (it names the folder "
+                          "cells/<dataset>/<model>/), and is not 'groundtruths'")
         elif name in seen_models:
             errors.append(f"{where}: a model named {name!r} is already defined at line {seen_models[name]}")
         else:

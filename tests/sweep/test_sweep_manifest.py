@@ -106,6 +106,37 @@ def test_unknown_and_reserved_options(root, capsys):
     assert "set by the sweep" in sweep_fails(root, text, capsys)
 
 
+@pytest.mark.parametrize("dataset, model", [("..", ".."), (".", "resnet"), ("alpha", "."),
+                                            ("alpha", ".hidden"), ("..", "resnet"),
+                                            ("a/b", "resnet"), ("alpha", "a\\\\b"),
+                                            ("alpha", "c:x"), ("<x>", "resnet")])
+def test_names_that_are_not_one_plain_folder_are_refused(root, capsys, dataset, model):
+    """Dataset and model names are folders of DIR/cells/<dataset>/<model>/: '..' twice once
+    wrote a cell's metrics.jsonl and run.json into the folder above --output."""
+    from evalbeam.pipelines.sweep import run
+
+    text = f"""
+[[dataset]]
+name = "{dataset}"
+task = "classification"
+groundtruths = "{root}/alpha/gt.jsonl"
+
+[[model]]
+name = "{model}"
+predictions = "{root}/alpha/resnet.jsonl"
+"""
+    manifest = root / "sweep.toml"
+    manifest.write_text(text)
+    inner = root / "inner"
+    for argv in (["validate", str(manifest)], [str(manifest), "--output", str(inner / "sweep")]):
+        assert run(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert "may hold only letters, digits, '_', '.', '-' and may not start with '.'" in err
+        assert not inner.exists()
+    assert sorted(p.name for p in root.iterdir()) == ["alpha", "beta", "sweep.toml"]
+
+
 def test_bad_option_value_is_the_tasks_message(root, capsys):
     text = GOOD.format(root=root).replace('task = "classification"',
                                           'task = "classification"\noptions = { score_thresholds = [2.0] }')
