@@ -261,3 +261,8 @@ def test_parts_are_created_whole(tmp_path):
             raise RuntimeError("worker lost")
     assert open(path, "rb").read() == b"second, longer\n"
     assert sorted(os.listdir(tmp_path)) == ["part-00001.jsonl"]
+    (tmp_path / "taken").mkdir()                  # the final rename fails: no partial is left
+    with pytest.raises(OSError):
+        with created_whole(str(tmp_path / "taken")) as out:
+            out.write(b"x")
+    assert sorted(os.listdir(tmp_path)) == ["part-00001.jsonl", "taken"]

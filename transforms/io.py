@@ -841,11 +841,11 @@ def created_whole(path: str, sync: bool = False):
             out.flush()
             if sync:
                 os.fsync(out.fileno())
+        os.replace(partial, path)   # fails when path is a folder: no partial file is left either
     except BaseException:
-        if os.path.exists(partial):
+        if os.path.lexists(partial):
             os.remove(partial)
         raise
-    os.replace(partial, path)
 
 
 def write_jsonl(records: list, path: str, sort_key=None) -> int:
