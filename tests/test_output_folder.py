@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, read_jsonl, run_classification, run_cli_subprocess, write_jsonl
+from helpers import (ROOT, read_jsonl, run_classification, run_cli_here, run_cli_subprocess,
+                     write_jsonl)
 
 
 def small_dataset(folder: Path, n: int = 40) -> dict:
@@ -35,6 +36,18 @@ def run(data: dict, out, *extra) -> int:
 
 def listing(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def tree(folder: Path) -> dict:
+    """Everything under folder, hidden entries and subfolders too: {relative path: bytes, or
+    "folder"}."""
+    return {str(p.relative_to(folder)): "folder" if p.is_dir() else p.read_bytes()
+            for p in sorted(folder.rglob("*"))}
+
+
+def classification_args(data: dict, out, *extra) -> list:
+    return ["classification", "--groundtruths", data["groundtruths"], "--predictions",
+            f"m={data['m']}", "--output", out, "--quiet", *extra]
 
 
 def test_foreign_files_are_refused_unless_overwrite(tmp_path, capsys):
@@ -139,6 +152,56 @@ def test_a_live_run_in_the_same_folder_is_refused(tmp_path, capsys):
         other.kill()
         other.wait()
     assert run(data, out) == 0                          # a dead run's folder is taken over
+
+
+OUTPUT_NAMES = ("metrics.jsonl", "rejected.jsonl", "report.html", "gates.json", "comparison.jsonl",
+                "per_query.jsonl", "scores.jsonl")
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_name_taken_by_a_folder_is_refused_even_with_overwrite(tmp_path, capsys,
+                                                                           overwrite):
+    """A folder is never something evalbeam wrote: --overwrite replaces files, never removes a
+    folder and its contents (it did, each of these was deleted with its userdata.txt)."""
+    data = small_dataset(tmp_path)
+    out = tmp_path / "out"
+    for name in OUTPUT_NAMES:
+        (out / name).mkdir(parents=True)
+        (out / name / "userdata.txt").write_text("mine\n")
+    before = tree(out)
+    result = run_cli_here(classification_args(data, out, *(["--overwrite"] if overwrite else [])),
+                          capsys)
+    assert result.returncode == 2, result.stderr
+    assert "is a folder" in result.stderr and "metrics.jsonl" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert tree(out) == before                          # nothing changed, nothing added
+
+
+def test_a_symlink_to_a_folder_under_an_output_name_is_refused(tmp_path, capsys):
+    data = small_dataset(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("mine")
+    (out / "metrics.jsonl").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    result = run_cli_here(classification_args(data, out, "--overwrite"), capsys)
+    assert result.returncode == 2 and "is a symlink to a folder" in result.stderr, result.stderr
+    assert (out / "metrics.jsonl").is_symlink()
+    assert (tmp_path / "elsewhere" / "keep.txt").read_text() == "mine"
+
+
+def test_a_folder_named_run_json_is_refused_and_leaves_no_partial_file(tmp_path, capsys):
+    """s3/run.json a folder (an earlier `--output s3/run.json/x`): the run with --overwrite was
+    refused only when writing run.json, leaving s3/run.json.<hex>.partial behind."""
+    data = small_dataset(tmp_path)
+    out = tmp_path / "s3"
+    (out / "run.json" / "x").mkdir(parents=True)
+    (out / "run.json" / "x" / "run.json").write_text("{}")
+    before = tree(out)
+    result = run_cli_here(classification_args(data, out, "--overwrite"), capsys)
+    assert result.returncode == 2, result.stderr
+    assert "run.json" in result.stderr and "is a folder" in result.stderr
+    assert tree(out) == before
 
 
 # ----------------------------------------------------------------------------- publishing

@@ -5,8 +5,10 @@ evalbeam writes only the files named in OUTPUT_NAMES, plus one hidden temporary 
 outputs by run.json: a run.json that carries WRITTEN_BY lists, under "files", every output of its
 run with its size in bytes; a file of one of those names that is absent from that list, or whose
 size differs, was not written by evalbeam (or was changed since), and a folder holding one is
-refused (InputError, exit 2) unless the user passes --overwrite. An input file is never removed:
-an input that is one of the files the run would write is refused even with --overwrite.
+refused (InputError, exit 2) unless the user passes --overwrite. An output name taken by a folder
+(or anything but a file or a symlink to one) is refused even with --overwrite: evalbeam never
+wrote a folder there, and --overwrite replaces files. An input file is never removed: an input
+that is one of the files the run would write is refused even with --overwrite.
 
 The sequence (check() changes nothing on disk; everything after it is start() and publish()):
 1. check(): refuse foreign outputs, inputs among the outputs, a live run in the same folder.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 import uuid
 
@@ -61,6 +64,23 @@ def _size(path: str) -> int | None:
     except Exception:
         return None
     return found[0].size_in_bytes if len(found) == 1 else None
+
+
+def _not_a_file(path: str) -> str | None:
+    """What stands at path when it is neither a regular file nor a symlink to one ("a folder",
+    "a symlink to a folder", "a special file"), else None. Local paths only: an object store
+    has no folders to mistake for a file."""
+    if not is_local(path):
+        return None
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symlink to a folder" if os.path.isdir(path) else None
+    return "a folder" if stat.S_ISDIR(mode) else "a special file (pipe, socket or device)"
 
 
 def _exists(path: str) -> bool:
@@ -145,6 +165,14 @@ class OutputFolder:
             present = [n for n in OUTPUT_NAMES if _exists(self.final(n))]
         except Exception as error:
             raise InputError(f"cannot read the output folder {self.folder!r}: {error}") from None
+        taken = [(n, what) for n in present if (what := _not_a_file(self.final(n)))]
+        if taken:
+            raise InputError(
+                f"the output folder {self.folder} holds "
+                f"{', '.join(f'{n} (which is {what})' for n, what in taken)} under the name of an "
+                "output evalbeam writes. evalbeam replaces only files, never a folder or its "
+                "contents, even with --overwrite: move or rename "
+                f"{'it' if len(taken) == 1 else 'them'}, or choose another --output.")
         own = _read_own_run_json(self.final("run.json")) if "run.json" in present else None
         owned = {}
         if own is not None:
