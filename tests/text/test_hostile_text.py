@@ -232,7 +232,8 @@ def test_judge_endpoint_and_key_are_checked_before_anything_is_written(tmp_path,
 
 def test_failed_judge_calls_make_the_run_incomplete_unless_within_the_limit(tmp_path, text_data, capsys):
     """--judge_skip_check against an endpoint that refuses connections: every call fails, the
-    outputs are written, and the run is incomplete (exit 4; before: exit 0, "complete")."""
+    outputs are written, and the run is incomplete (exit 4; before: exit 0, "complete"), even
+    with --judge_max_failed_fraction 1."""
     gt, preds = text_data
     refused = f"http://127.0.0.1:{free_port()}/v1"
     base = ["--groundtruths", gt, "--predictions", f"m={preds}", "--metrics", "ROUGE,Hallucination",
@@ -249,13 +250,15 @@ def test_failed_judge_calls_make_the_run_incomplete_unless_within_the_limit(tmp_
     assert "it has no value" in failed["message"] and failed["message"] in err
     assert info["judge"]["failed_by_status"] == {"http_error": 3}
     assert (tmp_path / "strict" / "metrics.jsonl").exists()
-    # the same failures within --judge_max_failed_fraction: complete, with a warning
-    assert run_text(*base, "--output", tmp_path / "lenient", "--judge_max_failed_fraction", "1") == 0
+    # --judge_max_failed_fraction 1 allows every failure, but with no datum judged the metric
+    # has no value: still incomplete (within the limit with some judged: the unit test below)
+    assert run_text(*base, "--output", tmp_path / "lenient", "--judge_max_failed_fraction", "1") == 4
     err = capsys.readouterr().err
     info = json.loads((tmp_path / "lenient" / "run.json").read_text())
-    assert info["status"] == "complete"
-    assert [p["code"] for p in info["problems"]] == ["judge_failed_within_limit"]
-    assert "evalbeam: warning: judge metric Hallucination: 3 of 3 datums" in err
+    assert info["status"] == "incomplete"
+    (failed,) = [p for p in info["problems"] if p["severity"] == "error"]
+    assert failed["code"] == "judge_failed" and "none was judged, so it has no value" in failed["message"]
+    assert failed["message"] in err
 
 
 def test_judge_problems_count_failures_per_metric_over_the_datums_asked():
@@ -282,6 +285,9 @@ def test_judge_problems_count_failures_per_metric_over_the_datums_asked():
     relaxed = judge_problems(records, 0.75)
     assert {p["code"] for p in relaxed} == {"judge_failed_within_limit", "judge_not_sent"}
     assert judge_problems(records[:2], 1 / 19)[0]["code"] == "judge_failed_within_limit"   # not more than
+    # every datum failed: an error whatever the fraction allows (the metric has no value)
+    none = judge_problems([record("Faithfulness", "a", {"timeout": 2, "not_applicable": 1})], 1.0)
+    assert [p["code"] for p in none] == ["judge_failed"] and "none was judged" in none[0]["message"]
 
 
 # ---------------------------------------------------------------- the stand-in's verdicts
