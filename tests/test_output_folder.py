@@ -123,7 +123,9 @@ def test_stale_outputs_and_killed_runs_temp_folders_are_removed(tmp_path):
     args = ["--groundtruths", qrels, "--predictions", f"r={run_file}", "--output", out, "--quiet"]
     assert retrieval([str(a) for a in args + ["--per_query"]]) == 0
     assert (out / "per_query.jsonl").exists()
-    killed = out / ".evalbeam-tmp-0123456789ab"
+    from evalbeam.transforms.outputs import OutputFolder
+
+    killed = Path(OutputFolder(str(out)).make_temp())   # as a run makes it, then killed
     (killed / "pieces").mkdir(parents=True)
     (killed / "pieces" / "part-0").write_text("half written")
     (out / "keep.me").write_text("mine")
@@ -202,6 +204,44 @@ def test_a_folder_named_run_json_is_refused_and_leaves_no_partial_file(tmp_path,
     assert result.returncode == 2, result.stderr
     assert "run.json" in result.stderr and "is a folder" in result.stderr
     assert tree(out) == before
+
+
+def test_only_evalbeams_own_temporary_folders_are_removed(tmp_path, capsys):
+    """Names that merely start like evalbeam's temporary folders are the user's: a first run into
+    the folder removed .evalbeam-tmp-mybackup/ (with its data) and a file .evalbeam-tmp-userstuff.
+    Only a temporary folder carrying evalbeam's mark, or the one its own run.json names, goes."""
+    from evalbeam.transforms.outputs import OutputFolder
+
+    data = small_dataset(tmp_path)
+    out = tmp_path / "u2"
+    (out / ".evalbeam-tmp-mybackup").mkdir(parents=True)
+    (out / ".evalbeam-tmp-mybackup" / "data.txt").write_text("backup")
+    (out / ".evalbeam-tmp-userstuff").write_text("stuff")
+    (out / ".evalbeam-tmp-0123456789ab").mkdir()          # evalbeam's kind of name, no mark
+    (out / ".evalbeam-tmp-0123456789ab" / "notes.txt").write_text("mine")
+    copied = Path(OutputFolder(str(out)).make_temp())       # evalbeam's, renamed by the user:
+    copied.rename(out / ".evalbeam-tmp-kept")               # its mark names another folder
+    (out / "elsewhere").mkdir()
+    (out / ".evalbeam-tmp-link").symlink_to(out / "elsewhere", target_is_directory=True)
+    users = tree(out)
+    assert run_cli_here(classification_args(data, out), capsys).returncode == 0
+    assert {k: v for k, v in tree(out).items() if k in users} == users
+
+    own = Path(OutputFolder(str(out)).make_temp())          # a killed run's: removed
+    (own / "part-0").write_text("half written")
+    assert run_cli_here(classification_args(data, out), capsys).returncode == 0
+    assert not own.exists()
+    # killed between making its temporary folder and marking it: run.json names the folder
+    info = json.loads((out / "run.json").read_text())
+    unmarked = out / ".evalbeam-tmp-fedcba987654"
+    (unmarked / "pieces").mkdir(parents=True)
+    info.update(status="running", host="another-host", pid=1, temp=unmarked.name)
+    (out / "run.json").write_text(json.dumps(info))
+    assert run_cli_here(classification_args(data, out), capsys).returncode == 0
+    assert not unmarked.exists()
+    assert {k: v for k, v in tree(out).items() if k in users} == users
+    assert not [p for p in out.iterdir() if p.name.startswith(".evalbeam-tmp")
+                and p.name not in {Path(k).parts[0] for k in users}]
 
 
 # ----------------------------------------------------------------------------- publishing

@@ -8,12 +8,16 @@ size differs, was not written by evalbeam (or was changed since), and a folder h
 refused (InputError, exit 2) unless the user passes --overwrite. An output name taken by a folder
 (or anything but a file or a symlink to one) is refused even with --overwrite: evalbeam never
 wrote a folder there, and --overwrite replaces files. An input file is never removed: an input
-that is one of the files the run would write is refused even with --overwrite.
+that is one of the files the run would write is refused even with --overwrite. A temporary folder
+is removed only when it is provably evalbeam's: it holds TEMP_MARKER naming it (written when the
+folder is made), or its name is the "temp" of evalbeam's own run.json (a run killed before
+marking it); other entries named like one are the user's and are left alone.
 
 The sequence (check() changes nothing on disk; everything after it is start() and publish()):
 1. check(): refuse foreign outputs, inputs among the outputs, a live run in the same folder.
 2. start(): write run.json with "status": "running" that still lists the earlier run's files,
-   delete those files and the temporary folders of killed runs, make this run's temporary folder.
+   delete those files and the temporary folders of killed runs, make (and mark) this run's
+   temporary folder.
 3. The pipeline writes every output into the temporary folder.
 4. publish(): rewrite the "running" run.json to list the new files and their sizes, move the
    files into place, then write the final run.json (one atomic rename on local disks).
@@ -40,6 +44,7 @@ WRITTEN_BY = "evalbeam"
 OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl",
                 "comparison.jsonl", "gates.json", "report.html")
 TEMP_PREFIX = ".evalbeam-tmp-"
+TEMP_MARKER = "evalbeam-temp.json"   # inside each temporary folder: {"written_by", "temp": its name}
 
 # Run statuses, worst last, and the exit code each ends with.
 COMPLETE, WITH_REJECTIONS, INCOMPLETE, FAILED, RUNNING = (
@@ -81,6 +86,20 @@ def _not_a_file(path: str) -> str | None:
     if stat.S_ISLNK(mode):
         return "a symlink to a folder" if os.path.isdir(path) else None
     return "a folder" if stat.S_ISDIR(mode) else "a special file (pipe, socket or device)"
+
+
+def _marked_temp(folder: str, name: str) -> bool:
+    """Whether folder/name is a temporary folder evalbeam made: it holds TEMP_MARKER naming it
+    (a copy of one renamed by the user names another folder, and is the user's)."""
+    path = join(folder, name)
+    if is_local(path) and (os.path.islink(path) or not os.path.isdir(path)):
+        return False
+    try:
+        mark = read_json(join(path, TEMP_MARKER))
+    except Exception:
+        return False
+    return isinstance(mark, dict) and mark.get("written_by") == WRITTEN_BY and \
+        mark.get("temp") == name
 
 
 def _exists(path: str) -> bool:
@@ -134,6 +153,7 @@ class OutputFolder:
         self.token = uuid.uuid4().hex[:12]
         self.tmp = join(folder, TEMP_PREFIX + self.token)
         self.previous: dict[str, int] = {}   # earlier outputs (name: size) that start() removes
+        self.recorded_temp: str | None = None  # the temporary folder named by its own run.json
 
     @property
     def names(self) -> tuple:
@@ -177,6 +197,10 @@ class OutputFolder:
         owned = {}
         if own is not None:
             owned["run.json"] = None
+            temp = own.get("temp")
+            if isinstance(temp, str) and temp.startswith(TEMP_PREFIX) and "/" not in temp \
+                    and temp not in (".", "..") and "\\" not in temp:
+                self.recorded_temp = temp
             for name, size in own["files"].items():
                 if name in present and name in OUTPUT_NAMES and name != "run.json" \
                         and _size(self.final(name)) == size:
@@ -209,21 +233,41 @@ class OutputFolder:
             if stale:
                 FileSystems.delete(stale)
             self._write_run_json(dict(run_info, status=RUNNING, files={}))
-            FileSystems.mkdirs(self.tmp)
+            self.make_temp()
         except InputError:
             raise
         except Exception as error:
             raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
 
+    def make_temp(self) -> str:
+        """Make this run's temporary folder and mark it as evalbeam's (TEMP_MARKER), so that a
+        later run may remove it if this one is killed; returns its path."""
+        FileSystems.mkdirs(self.tmp)
+        write_json_atomic({"written_by": WRITTEN_BY, "temp": os.path.basename(self.tmp)},
+                          self.temp(TEMP_MARKER))
+        return self.tmp
+
     def _temp_folders(self) -> list[str]:
+        """The temporary folders of earlier (killed) runs that are provably evalbeam's: marked
+        (TEMP_MARKER), or named by its own run.json. Anything else named like one is left."""
+        mine = os.path.basename(self.tmp)
         if is_local(self.folder):
-            return [join(self.folder, n) for n in sorted(os.listdir(self.folder))
-                    if n.startswith(TEMP_PREFIX) and n != os.path.basename(self.tmp)]
+            names = [n for n in sorted(os.listdir(self.folder)) if n.startswith(TEMP_PREFIX)]
+            return [join(self.folder, n) for n in names if n != mine and (
+                _marked_temp(self.folder, n) or (n == self.recorded_temp and not os.path.islink(
+                    join(self.folder, n)) and os.path.isdir(join(self.folder, n))))]
+        # an object store: a folder is the objects under its prefix
         try:
-            found = FileSystems.match([join(self.folder, TEMP_PREFIX + "*")])[0].metadata_list
+            found = FileSystems.match([join(self.folder, TEMP_PREFIX + "*/**")])[0].metadata_list
         except Exception:
             return []
-        return sorted({m.path for m in found if not m.path.startswith(self.tmp)})
+        prefix = self.folder.rstrip("/") + "/"
+        by_folder: dict[str, list[str]] = {}
+        for m in found:
+            if m.path.startswith(prefix) and "/" in m.path[len(prefix):]:
+                by_folder.setdefault(m.path[len(prefix):].split("/", 1)[0], []).append(m.path)
+        return sorted(p for n, paths in by_folder.items() if n != mine and (
+            n == self.recorded_temp or _marked_temp(self.folder, n)) for p in paths)
 
     def _write_run_json(self, info: dict) -> None:
         info = dict(info, written_by=WRITTEN_BY)
