@@ -226,22 +226,35 @@ def record_key(record: dict) -> str:
 
 
 def _same(wanted, actual) -> bool:
+    """A gate's `parameters` value against a record's (wanted a subset of actual). A bool
+    matches only the same bool (Python's True == 1 == 1.0 must not make `hardmax = 1` select
+    `hardmax: true`); numbers match across int and float with a relative tolerance of 1e-9
+    (evalbeam writes each parameter with one type, and thresholds carry rounding:
+    iou_threshold 0.8999999999999999); anything else by equality."""
+    if isinstance(wanted, bool) or isinstance(actual, bool):
+        return isinstance(wanted, bool) and isinstance(actual, bool) and wanted is actual
     if isinstance(wanted, dict):
         return isinstance(actual, dict) and all(k in actual and _same(v, actual[k])
                                                 for k, v in wanted.items())
     if isinstance(wanted, list):
         return isinstance(actual, list) and len(wanted) == len(actual) and all(
             _same(w, a) for w, a in zip(wanted, actual))
-    if isinstance(wanted, (int, float)) and not isinstance(wanted, bool) and \
-            isinstance(actual, (int, float)) and not isinstance(actual, bool):
+    if isinstance(wanted, (int, float)) and isinstance(actual, (int, float)):
         return math.isclose(wanted, actual, rel_tol=1e-9, abs_tol=1e-12)
     return wanted == actual
 
 
+def _slice_text(values: dict) -> str:
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _slice_matches(gate: Gate, slice_value: dict) -> bool:
+    """A run keeps apart the slices whose metadata values differ as JSON (region = true, 1 and
+    1.0 are three slices, shown so in metrics.jsonl), so a gate's `slice` selects the one
+    slice whose values are the same JSON: `{region = 1}` is `"region": 1`, not 1.0 or true."""
     if gate.every_slice is not None:
         return tuple(sorted(slice_value)) == gate.every_slice
-    return _same(gate.slice, slice_value) and len(gate.slice) == len(slice_value)
+    return _slice_text(gate.slice) == _slice_text(slice_value)
 
 
 def selects(gate: Gate, record: dict) -> bool:

@@ -310,6 +310,72 @@ def test_gates_comparison_and_report_on_the_multi_process_runner(tmp_path, basel
         assert json.loads((out / "run.json").read_text())["files"]["report.html"] == os.path.getsize(out / "report.html")
 
 
+TYPED_GATES = """
+[[gate]]
+metric = "Accuracy"
+slice = {region = true}
+max = 1.0
+
+[[gate]]
+metric = "Accuracy"
+slice = {region = 1}
+max = 1.0
+
+[[gate]]
+metric = "Accuracy"
+slice = {region = 1.0}
+max = 1.0
+
+[[gate]]
+metric = "Accuracy"
+parameters = {hardmax = true, score_threshold = 0}
+max = 1.0
+
+[[gate]]
+metric = "Accuracy"
+parameters = {hardmax = 1}
+max = 1.0
+"""
+
+
+def test_gates_tell_true_1_and_1_0_apart_as_the_run_does(tmp_path):
+    """The run writes slices region=true, region=1 and region=1.0 apart: a gate's slice selects
+    the one slice of the same JSON value, and `hardmax = 1` does not select `hardmax: true`.
+    (Python's True == 1 == 1.0 once made each of the three slice gates check all three.)"""
+    from helpers import write_jsonl
+
+    values = [True, 1, 1.0]
+    gt, preds = [], []
+    for i in range(12):
+        truth = "x" if i % 2 else "y"
+        guess = truth if i % 3 else ("y" if truth == "x" else "x")   # wrong on every region=true datum
+        gt.append({"datum_uid": f"d{i}", "metadata": {"region": values[i % 3]},
+                   "labels": [{"key": "k", "value": truth}]})
+        preds.append({"datum_uid": f"d{i}", "labels": [
+            {"key": "k", "value": "x", "score": 0.9 if guess == "x" else 0.1},
+            {"key": "k", "value": "y", "score": 0.1 if guess == "x" else 0.9}]})
+    write_jsonl(tmp_path / "gt.jsonl", gt)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    (tmp_path / "gates.toml").write_text(TYPED_GATES)
+    out = tmp_path / "out"
+    code = run_classification(["--groundtruths", tmp_path / "gt.jsonl", "--predictions",
+                               f"m={tmp_path / 'm.jsonl'}", "--slice", "region", "--output", out,
+                               "--quiet", "--gates", tmp_path / "gates.toml"])
+    assert code == 5                                      # the hardmax = 1 gate matched nothing
+    accuracy = {json.dumps(r["slice"]): r["value"] for r in read_jsonl(out / "metrics.jsonl")
+                if r["type"] == "Accuracy"}
+    assert accuracy == {"{}": pytest.approx(2 / 3), '{"region": true}': 0.0,
+                        '{"region": 1}': 1.0, '{"region": 1.0}': 1.0}
+    results = json.loads((out / "gates.json").read_text())["results"]
+    by_gate = {g: [(json.dumps(c["slice"]), c["value"], c["verdict"]) for c in results if c["gate"] == g]
+               for g in range(1, 6)}
+    assert by_gate[1] == [('{"region": true}', 0.0, "pass")]
+    assert by_gate[2] == [('{"region": 1}', 1.0, "pass")]
+    assert by_gate[3] == [('{"region": 1.0}', 1.0, "pass")]
+    assert by_gate[4] == [("{}", pytest.approx(2 / 3), "pass")]   # score_threshold 0 matches 0.0
+    assert by_gate[5] == [("{}", None, "missing")]
+
+
 # ---- sweeps ------------------------------------------------------------------------------------
 
 def small_sweep(tmp_path, extra_manifest=""):
