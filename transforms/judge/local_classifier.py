@@ -69,7 +69,8 @@ def probabilities(logits: np.ndarray, multi_label: bool) -> np.ndarray:
     L == 1, else the softmax over the labels."""
     logits = np.asarray(logits, dtype=np.float64)
     if multi_label or logits.shape[1] == 1:
-        return 1.0 / (1.0 + np.exp(-logits))
+        with np.errstate(over="ignore"):    # exp(800) is inf and the sigmoid 0, as it should be
+            return 1.0 / (1.0 + np.exp(-logits))
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
 

@@ -139,6 +139,9 @@ class BatchedModel:
 
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
                          if p in onnxruntime.get_available_providers()]
+            # the runtime's own error lines (one per text it refuses) would repeat what each
+            # datum's model_error already says: fatal messages only
+            onnxruntime.set_default_logger_severity(4)
             handler = self.handler(FileSystems.join(self.uri, "model.onnx"), providers)
             session = _SHARED.setdefault(self.uri, Shared()).acquire(handler.load_model, tag=self.uri)
             tokenizer = read_tokenizer(self.uri)
