@@ -58,6 +58,10 @@ from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, lone_surroga
 from evalbeam.schemas.slices import canonical_json
 
 FORMATS = ("trec", "jsonl")
+# Ids are read as 8-byte words (below) up to this many words (256 bytes): a longer id costs every
+# row of its array that many words, so beyond it the pair hash reads only the first words and the
+# kernel's codes come from Arrow's string sort (transforms/kernels/retrieval.py sorted_codes).
+MAX_ID_WORDS = 32
 BLOCK_BYTES = 64 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 QRELS_TREC_FIELDS = ("query", "iter", "doc", "relevance")
@@ -571,11 +575,14 @@ _PRIME = np.uint64(0x100000001B3)
 
 def _pair_hash(query, doc) -> np.ndarray:
     """A uint64 per row, equal for equal (query, doc) pairs. Collisions are possible (rows are
-    compared as strings afterwards), so a cheap polynomial over the 8-byte words is enough."""
+    compared as strings afterwards), so a cheap polynomial over the 8-byte words is enough: over
+    the first MAX_ID_WORDS words and the length, so that one very long id costs no more words per
+    row (ids alike in their first 256 bytes and their length meet in the exact comparison)."""
     hashed = np.empty(len(query), dtype=np.uint64)
     hashed.fill(0xCBF29CE484222325)
     for strings in (query, doc):
-        for lo, hi, words, lengths, _ in iter_string_words(strings, string_width(strings)):
+        width = min(string_width(strings), MAX_ID_WORDS)
+        for lo, hi, words, lengths, _ in iter_string_words(strings, width):
             part = hashed[lo:hi]
             for word in words + [lengths.astype(np.uint64)]:
                 part *= _PRIME

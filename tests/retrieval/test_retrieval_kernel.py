@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 from dataclasses import replace
@@ -14,11 +15,13 @@ import pyarrow as pa
 import pytest
 
 import evalbeam.schemas.retrieval_rows as rows
+import evalbeam.transforms.kernels.retrieval as kernel
 from evalbeam.schemas.retrieval_rows import read_qrels, read_run
 from evalbeam.transforms.kernels.retrieval import (
     RetrievalConfig,
     RetrievalState,
     aggregate,
+    common_prefix,
     encode_ids,
     evaluate,
     judged_queries,
@@ -418,6 +421,56 @@ def test_sorted_codes_order_like_bytes(seed):
         distinct = sorted({s.encode() for s in strings})
         assert np.r_[a, b].tolist() == [distinct.index(s.encode()) for s in strings]
         assert [strings[i].encode() for i in first] == distinct
+
+
+def test_long_ids_order_like_bytes_and_share_prefixes_exactly():
+    # Ids past MAX_ID_WORDS words (ranked by Arrow) among short ones: the same codes as the bytes'
+    # order, whatever the prefix they share, where they differ or whether they hold a 0 byte.
+    rng = np.random.default_rng(7)
+    base = "x" * 300
+    strings = [base, base + "\x00", base + "a", base[:299] + "a", "x", "", "y" * 5000,
+               base[:260] + "\x00" + base[261:], "x" * 1000, "xx", "x" * 300 + "é", base, "x" * 1000]
+    strings += ["x" * int(rng.integers(0, 700)) + rng.choice(["", "a", "\x00"]) for _ in range(40)]
+    for cut in (0, 5, len(strings)):
+        first_part = pa.array(strings[:cut], pa.string())
+        second_part = pa.chunked_array([pa.array(strings[cut:], pa.large_string())])
+        (a, b), first = sorted_codes(first_part, second_part)
+        distinct = sorted({s.encode() for s in strings})
+        assert np.r_[a, b].tolist() == [distinct.index(s.encode()) for s in strings]
+        assert [strings[i].encode() for i in first] == distinct
+    for group in (strings, [base, base + "a"], ["d" * 5000, "d" * 4999 + "e"], [base, base], ["a", ""]):
+        expected = len(os.path.commonprefix([s.encode() for s in group]))
+        assert common_prefix([pa.array(group[:1]), pa.array(group[1:])]) == expected
+
+
+def test_one_long_id_costs_a_bounded_number_of_words(monkeypatch):
+    # One 1 MB doc id, alone in its query's shard or among short ids: reading it as 8-byte words
+    # took one Python step per word (47 s a run for 1 MB, unbounded for 50 MB). Now it costs a
+    # bounded number of words, and the codes and duplicates are still exact.
+    read = []
+
+    def counted(strings, width, skip=0, rows_at_once=1 << 16):
+        read.append(width)
+        return rows.iter_string_words(strings, width, skip, rows_at_once)
+
+    monkeypatch.setattr(kernel, "iter_string_words", counted)
+    long_id = "d" * (1 << 20)
+    ids = encode_ids(["qlong"], [long_id], ["qlong"], [long_id])
+    assert ids.qrels_doc.tolist() == [0] and ids.run_doc.tolist() == [0] and ids.n_docs == 1
+    docs = [f"doc{i}" for i in range(50)]
+    ids = encode_ids(["q"] * 51, docs + [long_id], ["q"] * 51, [long_id] + docs)
+    order = sorted(docs + [long_id])  # "d" * 2**20 < "doc0" < "doc1" < "doc10" < ...
+    assert ids.qrels_doc.tolist() == [order.index(d) for d in docs + [long_id]]
+    assert ids.run_doc.tolist() == [order.index(d) for d in [long_id] + docs]
+    assert sum(read) <= 100
+    hashed_words = []
+    real = rows.iter_string_words
+    monkeypatch.setattr(rows, "iter_string_words",
+                        lambda strings, width, *a: hashed_words.append(width) or real(strings, width, *a))
+    groups = rows.duplicate_groups(pa.array(["q", "q", "q", "q"]),
+                                   pa.array([long_id, long_id[:-1] + "e", "doc1", long_id]))
+    assert [g.tolist() for g in groups] == [[0, 3]]
+    assert sum(hashed_words) <= 2 * rows.MAX_ID_WORDS
 
 
 def test_encode_ids_shares_codes_between_qrels_and_run():
