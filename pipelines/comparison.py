@@ -78,6 +78,49 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
     return info
 
 
+def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = None,
+                     baseline_sidecar: dict | None = None) -> list[str]:
+    """What shows that a run and its baseline were evaluated on different data, as phrases
+    (empty: nothing does): the ground-truth datums evaluated (run.json's counts), and, where
+    both runs recorded one (a sweep cell's leaderboard_inputs.json), the fingerprint of the
+    datum ids of the whole dataset. The ground truth's files are named when something else
+    differs, never alone: paths are recorded as typed, and a nightly job may copy the same
+    ground truth to a dated folder. Prediction rows are the model's, not the data."""
+    found = []
+
+    def evaluated(run):
+        value = ((run.get("counts") or {}).get("groundtruths") or {}).get("rows_evaluated")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    new, old = evaluated(info), evaluated(baseline_info)
+    if new is not None and old is not None and new != old:
+        found.append(f"ground-truth datums evaluated: {old} in the baseline, {new} in this run")
+    mine = ((sidecar or {}).get("datums") or {}).get("{}") or {}
+    theirs = ((baseline_sidecar or {}).get("datums") or {}).get("{}") or {}
+    if mine.get("fingerprint") and theirs.get("fingerprint") and \
+            mine["fingerprint"] != theirs["fingerprint"]:
+        found.append(f"datum ids: fingerprint {theirs['fingerprint']} ({theirs.get('datums')} "
+                     f"datums) in the baseline, {mine['fingerprint']} ({mine.get('datums')}) in "
+                     "this run")
+    if found:
+        files = [((run.get("inputs") or {}).get("groundtruths") or {}).get("files")
+                 for run in (baseline_info, info)]
+        if files[0] != files[1] and all(files):
+            found.append(f"ground-truth files: {', '.join(files[0])} in the baseline, "
+                         f"{', '.join(files[1])} in this run")
+    return found
+
+
+def differs_problem(differences: list[str], baseline: str, gated: bool, where: str = "") -> dict:
+    """The warning problem `baseline_data_differs` (run.json's or sweep.json's problems)."""
+    from evalbeam.transforms.outputs import WARNING, problem
+
+    return problem(WARNING, "baseline_data_differs",
+                   f"{where}the baseline {baseline} was evaluated on other data than this run ("
+                   + "; ".join(differences) + "): comparison.jsonl compares different data"
+                   + ("; its change-bound gate checks are baseline_differs (failed)" if gated else ""))
+
+
 def _numeric(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -43,7 +43,7 @@ class Finishing:
 
         info = dict(info)
         records = comparison.read_records(folder.temp("metrics.jsonl"))
-        baseline_records, rows, checks = None, None, None
+        baseline_records, rows, checks, differs = None, None, None, []
         if self.baseline:
             try:
                 baseline_records = comparison.read_records(comparison._join(self.baseline, "metrics.jsonl"))
@@ -54,12 +54,24 @@ class Finishing:
                     f"could not be read at the end of the run ({type(error).__name__}: {error}); "
                     "comparison.jsonl compares with nothing and change bounds are missing_baseline")]
                 info["status"] = INCOMPLETE
+            else:
+                try:
+                    baseline_info = comparison._read_json(comparison._join(self.baseline, "run.json"))
+                except Exception:   # its metrics were read: the comparison stands without the check
+                    baseline_info = None
+                if isinstance(baseline_info, dict):
+                    differs = comparison.data_differences(info, baseline_info)
+                    if differs:
+                        gated = any(g.needs_baseline for g in self.gates)
+                        info["problems"] = list(info.get("problems", [])) + [
+                            comparison.differs_problem(differs, self.baseline, gated)]
             rows = comparison.compare(records, baseline_records)
             comparison.write_rows(rows, folder.temp(COMPARISON_JSONL))
             info["comparison"] = dict(comparison.comparison_summary(rows), baseline=self.baseline,
                                       file=COMPARISON_JSONL)
         if self.gates:
-            checks = gating.evaluate(list(self.gates), records, baseline_records)
+            checks = gating.evaluate(list(self.gates), records, baseline_records,
+                                     baseline_differs=differs)
             write_json_atomic(gating.gates_document(checks, self.gates_source, self.baseline),
                               folder.temp(GATES_JSON))
             info["gates"] = dict(gating.summarize(checks), file=GATES_JSON)

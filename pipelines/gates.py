@@ -13,8 +13,8 @@ change bounds: the interval's ends minus the baseline's value), so bootstrap or 
 not decide it.
 
 Verdicts: "pass"; "fail"; "missing" (no record matched: a label, slice value or threshold the run
-did not produce) and "missing_baseline" (a change bound whose record the baseline lacks) both
-count as failed, since a gate that checks nothing must not pass silently. What can be known
+did not produce), "missing_baseline" (a change bound whose record the baseline lacks) and
+"baseline_differs" (a change bound against a baseline evaluated on other data) all count as failed, since a gate that checks nothing must not pass silently. What can be known
 before the run (metric types, models, slice keys, fields, --bootstrap for interval gates,
 --baseline for change gates) is checked then (`check_gates`), an error exits 2.
 """
@@ -32,7 +32,8 @@ CHANGE_BOUNDS = ("max_drop", "max_rise", "max_relative_drop", "max_relative_rise
 KEYS = {"name", "metric", "field", "parameters", "label", "model", "slice", "every_slice",
         "dataset", "require"} | set(VALUE_BOUNDS) | set(CHANGE_BOUNDS)
 PASS, FAIL, MISSING, MISSING_BASELINE = "pass", "fail", "missing", "missing_baseline"
-FAILING = (FAIL, MISSING, MISSING_BASELINE)
+BASELINE_DIFFERS = "baseline_differs"
+FAILING = (FAIL, MISSING, MISSING_BASELINE, BASELINE_DIFFERS)
 GATES_JSON = "gates.json"
 
 # Metrics (or fields of dict-valued metrics) where a smaller value is better; a drop bound on
@@ -324,10 +325,13 @@ def _fmt(x) -> str:
     return "none" if x is None else f"{x:.6g}"
 
 
-def evaluate(gates: list[Gate], records, baseline_records=None, dataset: str | None = None) -> list[dict]:
+def evaluate(gates: list[Gate], records, baseline_records=None, dataset: str | None = None,
+             baseline_differs: list[str] | None = None) -> list[dict]:
     """Every check of every gate against a run's records (iterable of dicts) and, for change
     bounds, the baseline's (None: no baseline). dataset: the sweep cell's dataset (gates naming
-    another dataset are skipped); checks then carry it. Returns check dicts in gate order."""
+    another dataset are skipped); checks then carry it. baseline_differs: what shows that the
+    baseline was evaluated on other data (comparison.data_differences): a change-bound check is
+    then BASELINE_DIFFERS (failed), its numbers kept. Returns check dicts in gate order."""
     records = [r for r in records if r.get("type") != "Comparison" or
                any(g.metric == "Comparison" for g in gates)]
     by_key = {}
@@ -375,6 +379,12 @@ def evaluate(gates: list[Gate], records, baseline_records=None, dataset: str | N
                                    reason="require = \"interval\" but this record has no interval"))
                 continue
             broken = _bound_check(gate, value, check["interval"], base)
+            if base is not None and baseline_differs:
+                checks.append(dict(check, verdict=BASELINE_DIFFERS, reason=(
+                    "the baseline was evaluated on other data (" + "; ".join(baseline_differs)
+                    + "): a change against it says nothing about a regression"
+                    + (f"; also {'; '.join(broken)}" if broken else ""))))
+                continue
             checks.append(dict(check, verdict=FAIL if broken else PASS,
                                reason="; ".join(broken) if broken else "within bounds"))
     return checks

@@ -92,25 +92,34 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
 
     from evalbeam.pipelines.sweep import ENDED, _read_or_none, _write_text   # noqa: cycle-free at call time
 
-    checks, rows = [], []
+    checks, rows, problems = [], [], []
     usable = ENDED + ("incomplete",)
     for plan, entry in zip(plans, info["cells"]):
         if entry["status"] not in usable:
             continue
         metrics = join(plan.folder.folder, "metrics.jsonl")
         records = _read_or_none(metrics, comparing.read_records) or []
-        old = None
+        old, differs = None, []
+        mine = [g for g in gates if applies_to(g, plan)]
         if baseline is not None:
             folder = baseline.get((plan.cell.dataset, plan.cell.model))
             old = _read_or_none(join(folder, "metrics.jsonl"), comparing.read_records) if folder else None
             if old is not None:
                 rows += [dict(r, dataset=plan.cell.dataset) for r in comparing.compare(records, old)]
-        mine = [g for g in gates if applies_to(g, plan)]
+                differs = cell_data_differences(plan, folder)
+                if differs:
+                    found = comparing.differs_problem(
+                        differs, folder, any(g.needs_baseline for g in mine),
+                        where=f"cell {plan.cell.id}: ")
+                    problems.append(dict(found, cell=plan.cell.id))
         if mine:
             checks += gating.evaluate(mine, records, old if old is not None else [],
-                                      dataset=plan.cell.dataset)
+                                      dataset=plan.cell.dataset, baseline_differs=differs)
     files = {}
     if baseline is not None:
+        info["baseline_problems"] = problems
+        for found in problems:
+            print(f"evalbeam: warning: {found['message']}", file=sys.stderr)
         _write_text(join(output, "comparison.jsonl"),
                     "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         info["comparison"] = dict(comparing.comparison_summary(rows), baseline=args.baseline,
@@ -141,6 +150,23 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
     info["files"] = sorted(files)
     info["exit_code"] = code
     return code
+
+
+def cell_data_differences(plan, folder: str) -> list[str]:
+    """comparing.data_differences of a cell and its baseline cell's folder: run.json's counts
+    and the leaderboard inputs' datum fingerprints."""
+    from evalbeam.pipelines import comparison as comparing
+    from evalbeam.pipelines.leaderboard import SIDECAR
+    from evalbeam.transforms.io import join, read_json
+
+    from evalbeam.pipelines.sweep import _read_or_none
+
+    info = _read_or_none(plan.folder.final("run.json"), read_json)
+    old = _read_or_none(join(folder, "run.json"), read_json)
+    if not isinstance(info, dict) or not isinstance(old, dict):
+        return []
+    return comparing.data_differences(info, old, _read_or_none(plan.sidecar_path, read_json),
+                                      _read_or_none(join(folder, SIDECAR), read_json))
 
 
 def _gate_source(args) -> str:

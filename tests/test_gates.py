@@ -473,3 +473,107 @@ def test_a_baseline_broken_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     assert {c["verdict"] for c in checks} == {"missing_baseline"}
     (broken / "metrics.jsonl").unlink()
     assert run_classification(classification_args(tmp_path / "out2", extra=["--baseline", broken])) == 2
+
+
+# ---- a baseline evaluated on other data ----------------------------------------------------------
+
+def golden_subset(folder, start: int, stop: int):
+    """The golden classification inputs restricted to the valid ground-truth rows [start, stop)
+    and their datums' prediction rows."""
+    from helpers import write_jsonl
+
+    def rows(name):
+        out = []
+        for line in (INPUTS / name).read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("datum_uid"), str):
+                out.append(row)
+        return out
+
+    seen, gt = set(), []
+    for row in rows("groundtruths.jsonl"):
+        if row["datum_uid"] not in seen and row.get("labels"):
+            seen.add(row["datum_uid"])
+            gt.append(row)
+    gt = gt[start:stop]
+    uids = {row["datum_uid"] for row in gt}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "groundtruths.jsonl", gt)
+    for name in ("model_a.jsonl", "model_b.jsonl"):
+        write_jsonl(folder / name, [r for r in rows(name) if r["datum_uid"] in uids])
+    return folder
+
+
+def test_a_baseline_on_other_data_is_a_warning_and_fails_its_change_bounds(tmp_path, baseline, capsys):
+    """The baseline evaluated the whole golden set; this run 100 of its datums. The comparison
+    is kept, run.json warns baseline_data_differs, a change bound is baseline_differs (exit 5)
+    instead of a silent pass, and a value bound is checked as usual."""
+    data = golden_subset(tmp_path / "data", 0, 100)
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmodel = "model_a"\nmax_drop = 1.0\n'
+                     '[[gate]]\nmetric = "Accuracy"\nmodel = "model_a"\nmin = 0.0\n')
+    out = tmp_path / "new"
+    args = ["--groundtruths", data / "groundtruths.jsonl", "--predictions", f"model_a={data / 'model_a.jsonl'}",
+            "--predictions", f"model_b={data / 'model_b.jsonl'}", "--slice", "region", "--output", out,
+            "--bootstrap", "20", "--quiet", "--gates", gates, "--baseline", baseline]
+    capsys.readouterr()
+    assert run_classification(args) == 5
+    info = json.loads((out / "run.json").read_text())
+    base_info = json.loads((baseline / "run.json").read_text())
+    old_n = base_info["counts"]["groundtruths"]["rows_evaluated"]
+    assert info["status"] == "complete" and info["counts"]["groundtruths"]["rows_evaluated"] == 100
+    differs = [p for p in info["problems"] if p["code"] == "baseline_data_differs"]
+    assert len(differs) == 1 and differs[0]["severity"] == "warning"
+    assert f"ground-truth datums evaluated: {old_n} in the baseline, 100 in this run" in differs[0]["message"]
+    results = json.loads((out / "gates.json").read_text())["results"]
+    change, bound = [c for c in results if c["gate"] == 1], [c for c in results if c["gate"] == 2]
+    assert [c["verdict"] for c in change] == ["baseline_differs"]
+    assert change[0]["baseline_value"] is not None and change[0]["change"] == pytest.approx(
+        change[0]["value"] - change[0]["baseline_value"])
+    assert [c["verdict"] for c in bound] == ["pass"]
+    assert info["gates"]["verdicts"] == {"baseline_differs": 1, "pass": 1}
+    assert read_jsonl(out / "comparison.jsonl")                     # the comparison is kept
+    err = capsys.readouterr().err
+    assert "evalbeam: warning: the baseline" in err and "baseline_differs" in err
+
+    # the same baseline with value bounds only: the warning, exit 0
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmodel = "model_a"\nmin = 0.0\n')
+    assert run_classification(args[:-4] + ["--output", tmp_path / "plain", "--gates", gates,
+                                           "--baseline", baseline]) == 0
+    info = json.loads((tmp_path / "plain" / "run.json").read_text())
+    assert [p["code"] for p in info["problems"]] == ["baseline_data_differs"]
+    assert "change-bound" not in info["problems"][0]["message"]
+
+
+def test_a_sweep_baseline_on_other_datums_of_the_same_count(tmp_path, capsys):
+    """Two nights over as many datums but other ones: only the datum fingerprints of the cells'
+    leaderboard inputs tell; sweep.json's baseline_problems says so per cell."""
+    from evalbeam.pipelines.sweep import run as sweep
+
+    def manifest(data, name):
+        path = tmp_path / name
+        path.write_text(small_sweep(tmp_path).read_text().replace(str(INPUTS), str(data)))
+        return path
+
+    first, second = tmp_path / "night1", tmp_path / "night2"
+    assert sweep([str(manifest(golden_subset(tmp_path / "d1", 0, 150), "one.toml")),
+                  "--output", str(first), "--quiet"]) == 0
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmodel = "a"\nmax_drop = 1.0\n')
+    capsys.readouterr()
+    code = sweep([str(manifest(golden_subset(tmp_path / "d2", 150, 300), "two.toml")),
+                  "--output", str(second), "--quiet", "--gates", str(gates), "--baseline", str(first)])
+    assert code == 5
+    info = json.loads((second / "sweep.json").read_text())
+    problems = info["baseline_problems"]
+    assert [(p["cell"], p["code"], p["severity"]) for p in problems] == \
+        [("golden/a", "baseline_data_differs", "warning"), ("golden/b", "baseline_data_differs", "warning")]
+    assert "datum ids: fingerprint" in problems[0]["message"]
+    assert "ground-truth datums evaluated" not in problems[0]["message"]     # 150 both nights
+    checks = json.loads((second / "gates.json").read_text())["results"]
+    assert [c["verdict"] for c in checks] == ["baseline_differs"]
+    assert read_jsonl(second / "comparison.jsonl")
+    assert "evalbeam: warning: cell golden/a: the baseline" in capsys.readouterr().err
