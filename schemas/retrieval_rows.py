@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, lone_surrogate, loads_row,
-                                         slice_value_problem, surrogate_reason)
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, MAX_ROW_BYTES, lone_surrogate,
+                                         loads_row, slice_value_problem, surrogate_reason)
 from evalbeam.schemas.slices import canonical_json
 
 FORMATS = ("trec", "jsonl")
@@ -111,21 +111,21 @@ def format_of(path: str) -> str:
     return "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "trec"
 
 
-def parse_qrels(data: bytes, fmt: str, first_line: int = 1,
+def parse_qrels(data: bytes, fmt: str, first_line: int = 1, start: int = 0,
                 ) -> tuple[QrelsColumns, list[tuple[int, str]]]:
     """Qrels columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl"; first_line:
-    the number of the bytes' first line (a span of a file). Repeated (query, doc) pairs are
+    the number of the bytes' first line, start: the byte of the file where they start (a span
+    of a file; only at start 0 is a byte order mark dropped). Repeated (query, doc) pairs are
     kept: see duplicate_groups."""
-    blocks = _read(data, fmt, "qrels", first_line)
+    blocks = _read(data, fmt, "qrels", first_line, start)
     return QrelsColumns(*_concat(blocks, np.int64)), sorted(r for b in blocks for r in b[4])
 
 
-def parse_run(data: bytes, fmt: str, first_line: int = 1,
+def parse_run(data: bytes, fmt: str, first_line: int = 1, start: int = 0,
                 ) -> tuple[RunColumns, list[tuple[int, str]]]:
-    """Run columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl"; first_line:
-    the number of the bytes' first line (a span of a file). Repeated (query, doc) pairs are
-    kept: see duplicate_groups."""
-    blocks = _read(data, fmt, "run", first_line)
+    """Run columns and rejects of one file's bytes (or str); fmt "trec" or "jsonl"; first_line
+    and start: as for parse_qrels. Repeated (query, doc) pairs are kept: see duplicate_groups."""
+    blocks = _read(data, fmt, "run", first_line, start)
     return RunColumns(*_concat(blocks, np.float64)), sorted(r for b in blocks for r in b[4])
 
 
@@ -149,12 +149,18 @@ def read_run(data: bytes, fmt: str) -> tuple[RunColumns, list[tuple[int, str]]]:
 _Block = tuple
 
 
-def _read(data: bytes, fmt: str, kind: str, first_line: int = 1) -> list[_Block]:
+def _read(data: bytes, fmt: str, kind: str, first_line: int = 1, offset: int = 0) -> list[_Block]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     if isinstance(data, str):
         data = data.encode("utf-8")
     data = bytes(data)
+    # A UTF-8 byte order mark is dropped at byte 0 of a file, and only there: whether it is must
+    # not depend on the other lines of the block (Arrow's readers drop one at the start of any
+    # buffer, the line-by-line TREC reader keeps it in the query id) nor on where the file is
+    # split into spans (only the span at byte 0 holds it).
+    if offset == 0 and data.startswith(BOM):
+        data = data[len(BOM):]
     fast, slow = ((_trec_fast, _trec_slow) if fmt == "trec" else (_jsonl_fast, _jsonl_slow))
     blocks = []
     line = first_line      # a span of a file starts at its own line (transforms/line_spans.py)
@@ -190,6 +196,8 @@ def _concat(blocks: list[_Block], value_type) -> tuple:
 def _trec_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
     """Arrow's CSV reader on data[start:end] when one byte separates the fields; None when
     that could differ from the line-by-line reader."""
+    if data.startswith(BOM, start):
+        return None  # Arrow would drop it; past byte 0 of a file it is part of the query id
     if data.find(b"\x0b", start, end) >= 0 or data.find(b"\x0c", start, end) >= 0:
         return None
     if data.find(b"\r", start, end) >= 0 and data.count(b"\r", start, end) != data.count(b"\r\n", start, end):

@@ -234,7 +234,7 @@ class ReadRetrievalFile(ProgressDoFn):
         with open_span(path, start, end) as stream:
             data = stream.read()
         parse = parse_qrels if name == GROUNDTRUTHS else parse_run
-        columns, rejects = parse(data, format_of(path), first_line)
+        columns, rejects = parse(data, format_of(path), first_line, start)
         del data
         excluded = self.excluded.get(file_id) if name == GROUNDTRUTHS else None
         if excluded:

@@ -392,3 +392,51 @@ def test_a_file_of_another_task_names_its_command(tmp_path, capsys):
                          "--output", tmp_path / "out", "--quiet") == 2
     assert "evaluate it with 'evalbeam classification'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# A UTF-8 byte order mark: dropped at byte 0 of a file, whatever else the file holds and however
+# it is split, and nowhere else
+
+
+def test_bom_is_dropped_at_the_start_of_a_file_only_whatever_its_other_lines():
+    """Before the fix a bad line sent the block to the line-by-line reader, which kept the BOM
+    in the first query id ('\\ufeffq9'), while Arrow's reader dropped it; and a span that began
+    at a BOM line past byte 0 had it dropped too."""
+    bom = "\ufeff"
+    good = f"{bom}q9 0 doc0 1\nq7 0 doc2 0\n{bom}q6 0 doc3 2\n"
+    texts = (good, good + "q8 0 doc1 1.5\n", good.replace(" ", "\t"))
+    for text in texts:
+        columns, rejects = retrieval_rows.parse_qrels(text.encode(), "trec")
+        assert columns.query.to_pylist() == ["q9", "q7", f"{bom}q6"], text
+        assert len(rejects) == text.count("1.5")
+    # every cut at a line start: the span past byte 0 keeps a BOM it starts with
+    for data in (text.encode() for text in texts):
+        for cut in (i + 1 for i, byte in enumerate(data) if byte == ord("\n")):
+            head, _ = retrieval_rows.parse_qrels(data[:cut], "trec")
+            tail, _ = retrieval_rows.parse_qrels(data[cut:], "trec", data.count(b"\n", 0, cut) + 1, cut)
+            assert head.query.to_pylist() + tail.query.to_pylist() == ["q9", "q7", f"{bom}q6"]
+    run = (f"{bom}q9 Q0 doc0 1 1.0 t\n").encode()
+    assert retrieval_rows.parse_run(run, "trec")[0].query.to_pylist() == ["q9"]
+    assert retrieval_rows.parse_run(run + b"q8 Q0 d 1 x t\n", "trec")[0].query.to_pylist() == ["q9"]
+
+
+def test_bom_gives_the_same_metrics_for_any_input_split_bytes(tmp_path):
+    """A BOM line, 290 good lines and a bad one: 290 queries with the default split and 291 with
+    --input_split_bytes 1000 before the fix; 291 for every split now, the same bytes."""
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("\ufeffq0 0 doc0 1\n" + "".join(f"q{i} 0 doc{i} 1\n" for i in range(1, 291))
+                     + "qbad 0 docx 1.5\n", encoding="utf-8")
+    run = tmp_path / "run.trec"
+    run.write_text("".join(f"q{i} Q0 doc{i} 1 1.0 t\n" for i in range(291)))
+    metrics = []
+    for split in ("0", "1000", "777"):
+        out = tmp_path / f"out-{split}"
+        assert run_retrieval("--groundtruths", qrels, "--predictions", f"m={run}", "--output", out,
+                             "--quiet", "--input_split_bytes", split) == 1
+        assert [r["line"] for r in read_jsonl(out / "rejected.jsonl")] == [292]
+        metrics.append((out / "metrics.jsonl").read_bytes())
+        values = {(r["type"], r["parameters"].get("k")): r["value"]
+                  for r in read_jsonl(out / "metrics.jsonl") if not r["slice"]}
+        assert values[("Queries", None)] == 291 and values[("MAP", None)] == 1.0, split
+    assert metrics[0] == metrics[1] == metrics[2]
