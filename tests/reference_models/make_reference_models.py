@@ -102,6 +102,16 @@ def optimum_export(model_dir: Path, task: str, out: Path) -> None:
                    check=True, stdout=subprocess.DEVNULL)
 
 
+def export(model, tokenizer, work: Path, name: str, task: str) -> None:
+    """Save the Hugging Face model and tokenizer, export them with optimum-cli for `task`, and
+    keep what evalbeam reads as the fixture folder `name`."""
+    src = work / name
+    model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    optimum_export(src, task, work / f"{name}-onnx")
+    keep(work / f"{name}-onnx", HERE / name)
+
+
 def keep(src: Path, dst: Path, names=("model.onnx", "tokenizer.json", "config.json")) -> None:
     """Copy what evalbeam reads of an export folder into the fixture folder."""
     if dst.exists():
@@ -126,11 +136,7 @@ def gpt2(work: Path, texts: list[str]) -> dict:
                         initializer_range=0.2,
                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = GPT2LMHeadModel(config).eval()
-    src = work / "gpt2"
-    model.save_pretrained(src)
-    tokenizer.save_pretrained(src)
-    optimum_export(src, "text-generation", work / "gpt2-onnx")
-    keep(work / "gpt2-onnx", HERE / "gpt2")
+    export(model, tokenizer, work, "gpt2", "text-generation")
     values = []
     with torch.no_grad():
         for text in texts:
@@ -140,7 +146,7 @@ def gpt2(work: Path, texts: list[str]) -> dict:
     # token): the same definition, checked here rather than assumed
     import lmppl
 
-    by_lmppl = lmppl.LM(str(src)).get_perplexity(texts, batch_size=4)
+    by_lmppl = lmppl.LM(str(work / "gpt2")).get_perplexity(texts, batch_size=4)
     assert all(abs(a - b) <= 1e-4 * b for a, b in zip(by_lmppl, values)), (by_lmppl, values)
     return {"Perplexity": values, "Perplexity_lmppl": by_lmppl}
 
@@ -164,17 +170,13 @@ def roberta(work: Path, pairs: list[tuple[str, list[str]]]) -> dict:
                            intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id,
                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = RobertaModel(config).eval()
-    full = work / "roberta"
+    full = work / "roberta-full"
     model.save_pretrained(full)
     tokenizer.save_pretrained(full)
     # the recipe of pipelines/text.md: keep the layers bert-score reads, then export
     model.encoder.layer = model.encoder.layer[:2]
     model.config.num_hidden_layers = 2
-    cut = work / "roberta-2"
-    model.save_pretrained(cut)
-    tokenizer.save_pretrained(cut)
-    optimum_export(cut, "feature-extraction", work / "roberta-onnx")
-    keep(work / "roberta-onnx", HERE / "roberta")
+    export(model, tokenizer, work, "roberta", "feature-extraction")
     cands = [c for c, _ in pairs]
     refs = [r for _, r in pairs]
     out = {}
@@ -205,11 +207,7 @@ def toxic_bert(work: Path, texts: list[str]) -> dict:
                         problem_type="multi_label_classification",
                         id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
     model = BertForSequenceClassification(config).eval()
-    src = work / "toxic-bert"
-    model.save_pretrained(src)
-    tokenizer.save_pretrained(src)
-    optimum_export(src, "text-classification", work / "toxic-bert-onnx")
-    keep(work / "toxic-bert-onnx", HERE / "toxic_bert")
+    export(model, tokenizer, work, "toxic_bert", "text-classification")
     with torch.no_grad():
         probabilities = torch.sigmoid(model(**tokenizer(texts, return_tensors="pt", padding=True)).logits)
     return {"ToxicityClassifier": {label: probabilities[:, i].tolist() for i, label in enumerate(labels)}}
@@ -228,11 +226,7 @@ def bias(work: Path, texts: list[str]) -> dict:
                               max_position_embeddings=128, num_labels=2, initializer_range=0.1,
                               id2label={0: "Non-biased", 1: "Biased"}, label2id={"Non-biased": 0, "Biased": 1})
     model = DistilBertForSequenceClassification(config).eval()
-    src = work / "bias"
-    model.save_pretrained(src)
-    tokenizer.save_pretrained(src)
-    optimum_export(src, "text-classification", work / "bias-onnx")
-    keep(work / "bias-onnx", HERE / "bias")
+    export(model, tokenizer, work, "bias", "text-classification")
     with torch.no_grad():
         encoded = tokenizer(texts, return_tensors="pt", padding=True)
         encoded.pop("token_type_ids", None)

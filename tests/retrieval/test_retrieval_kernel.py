@@ -404,6 +404,17 @@ def test_measure_names_follow_trec_eval():
 # Id encoding
 
 
+def check_codes(strings: list[str], cut: int) -> None:
+    """sorted_codes of strings split at cut into a string and a large_string part: codes in the
+    bytes' order, and each distinct string's first place."""
+    first_part = pa.array(strings[:cut], pa.string())
+    second_part = pa.chunked_array([pa.array(strings[cut:], pa.large_string())])
+    (a, b), first = sorted_codes(first_part, second_part)
+    distinct = sorted({s.encode() for s in strings})
+    assert np.r_[a, b].tolist() == [distinct.index(s.encode()) for s in strings]
+    assert [strings[i].encode() for i in first] == distinct
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_sorted_codes_order_like_bytes(seed):
     rng = np.random.default_rng(seed)
@@ -415,12 +426,7 @@ def test_sorted_codes_order_like_bytes(seed):
                    for _ in range(int(rng.integers(1, 50)))]
         strings += list(rng.choice(strings, 10))
         cut = int(rng.integers(0, len(strings)))
-        first_part = pa.array(strings[:cut], pa.string())
-        second_part = pa.chunked_array([pa.array(strings[cut:], pa.large_string())])
-        (a, b), first = sorted_codes(first_part, second_part)
-        distinct = sorted({s.encode() for s in strings})
-        assert np.r_[a, b].tolist() == [distinct.index(s.encode()) for s in strings]
-        assert [strings[i].encode() for i in first] == distinct
+        check_codes(strings, cut)
 
 
 def test_long_ids_order_like_bytes_and_share_prefixes_exactly():
@@ -432,12 +438,7 @@ def test_long_ids_order_like_bytes_and_share_prefixes_exactly():
                base[:260] + "\x00" + base[261:], "x" * 1000, "xx", "x" * 300 + "é", base, "x" * 1000]
     strings += ["x" * int(rng.integers(0, 700)) + rng.choice(["", "a", "\x00"]) for _ in range(40)]
     for cut in (0, 5, len(strings)):
-        first_part = pa.array(strings[:cut], pa.string())
-        second_part = pa.chunked_array([pa.array(strings[cut:], pa.large_string())])
-        (a, b), first = sorted_codes(first_part, second_part)
-        distinct = sorted({s.encode() for s in strings})
-        assert np.r_[a, b].tolist() == [distinct.index(s.encode()) for s in strings]
-        assert [strings[i].encode() for i in first] == distinct
+        check_codes(strings, cut)
     for group in (strings, [base, base + "a"], ["d" * 5000, "d" * 4999 + "e"], [base, base], ["a", ""]):
         expected = len(os.path.commonprefix([s.encode() for s in group]))
         assert common_prefix([pa.array(group[:1]), pa.array(group[1:])]) == expected
