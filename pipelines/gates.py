@@ -14,7 +14,8 @@ not decide it.
 
 Verdicts: "pass"; "fail"; "missing" (no record matched: a label, slice value or threshold the run
 did not produce), "missing_baseline" (a change bound whose record the baseline lacks) and
-"baseline_differs" (a change bound against a baseline evaluated on other data) all count as failed, since a gate that checks nothing must not pass silently. What can be known
+"baseline_differs" (a change bound against a baseline evaluated on other data) all count as
+failed, since a gate that checks nothing must not pass silently. What can be known
 before the run (metric types, models, slice keys, fields, --bootstrap for interval gates,
 --baseline for change gates) is checked then (`check_gates`), an error exits 2.
 """

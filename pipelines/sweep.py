@@ -605,7 +605,7 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
             print(f"evalbeam: the sweep's pipeline failed ({reason}); running the "
                   f"{len(left)} unfinished cell(s) one at a time", file=sys.stderr)
         for p in left:
-            p.folder = type(p.folder)(p.folder.folder, p.folder.extra, overwrite=True)
+            p.folder = type(p.folder)(p.folder.folder, p.folder.extra, overwrite=True, after=p.folder.after)
             p.folder.check([])
             alone = execute([p], beam_args, args.quiet, started)
             if alone is not None:
