@@ -88,12 +88,16 @@ def _not_a_file(path: str) -> str | None:
     return "a folder" if stat.S_ISDIR(mode) else "a special file (pipe, socket or device)"
 
 
-def _marked_temp(folder: str, name: str) -> bool:
-    """Whether folder/name is a temporary folder evalbeam made: it holds TEMP_MARKER naming it
-    (a copy of one renamed by the user names another folder, and is the user's)."""
+def _own_temp(folder: str, name: str, recorded: str | None) -> bool:
+    """Whether folder/name is a temporary folder evalbeam made: a real folder (not a symlink)
+    that is the one evalbeam's own run.json recorded (a run killed before marking it), or holds
+    TEMP_MARKER naming it (a copy of one renamed by the user names another folder, and is the
+    user's)."""
     path = join(folder, name)
     if is_local(path) and (os.path.islink(path) or not os.path.isdir(path)):
         return False
+    if name == recorded:
+        return True
     try:
         mark = read_json(join(path, TEMP_MARKER))
     except Exception:
@@ -253,9 +257,8 @@ class OutputFolder:
         mine = os.path.basename(self.tmp)
         if is_local(self.folder):
             names = [n for n in sorted(os.listdir(self.folder)) if n.startswith(TEMP_PREFIX)]
-            return [join(self.folder, n) for n in names if n != mine and (
-                _marked_temp(self.folder, n) or (n == self.recorded_temp and not os.path.islink(
-                    join(self.folder, n)) and os.path.isdir(join(self.folder, n))))]
+            return [join(self.folder, n) for n in names
+                    if n != mine and _own_temp(self.folder, n, self.recorded_temp)]
         # an object store: a folder is the objects under its prefix
         try:
             found = FileSystems.match([join(self.folder, TEMP_PREFIX + "*/**")])[0].metadata_list
@@ -266,8 +269,8 @@ class OutputFolder:
         for m in found:
             if m.path.startswith(prefix) and "/" in m.path[len(prefix):]:
                 by_folder.setdefault(m.path[len(prefix):].split("/", 1)[0], []).append(m.path)
-        return sorted(p for n, paths in by_folder.items() if n != mine and (
-            n == self.recorded_temp or _marked_temp(self.folder, n)) for p in paths)
+        return sorted(p for n, paths in by_folder.items()
+                      if n != mine and _own_temp(self.folder, n, self.recorded_temp) for p in paths)
 
     def _write_run_json(self, info: dict) -> None:
         info = dict(info, written_by=WRITTEN_BY)

@@ -68,12 +68,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-
 import pyarrow.compute as pc
 
 from evalbeam.schemas.retrieval_rows import (MAX_ID_WORDS, as_strings, iter_string_words,
-                                             string_chunks, string_layout, string_lengths,
-                                             string_width)
+                                             string_chunks, string_layout, string_lengths)
 from evalbeam.transforms.kernels.exact_sum import (exact_totals, merge_totals, total_value,
                                                    weighted_totals)
 
@@ -157,29 +155,6 @@ def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks() if values.num_chunks else pa.array([], values.type)
     return values
-
-
-def string_words(strings, skip: int = 0) -> tuple[list[np.ndarray], np.ndarray, bool]:
-    """Each string as big-endian 8-byte words, so that comparing word tuples compares the bytes.
-
-    strings: Arrow strings (see as_strings) of length n; nulls read as "". skip: bytes left out
-    at the start of every string (at most the shortest length; a prefix all strings share
-    does not change their order). Returns (words, lengths, has_nul): W = ceil(longest / 8)
-    uint64 arrays of length n (bytes past a string's end are 0), int64 lengths (after skip), and
-    whether any byte is 0 (only then can two strings share their words, e.g. "a" and "a\\0",
-    and the lengths must break the tie)."""
-    strings = as_strings(strings)
-    n = len(strings)
-    width = string_width(strings, skip)
-    words = [np.empty(n, np.uint64) for _ in range(width)]
-    lengths = np.empty(n, np.int64)
-    has_nul = False
-    for lo, hi, chunk_words, chunk_lengths, chunk_nul in iter_string_words(strings, width, skip):
-        for word, chunk_word in zip(words, chunk_words):
-            word[lo:hi] = chunk_word
-        lengths[lo:hi] = chunk_lengths
-        has_nul |= chunk_nul
-    return words, lengths, has_nul
 
 
 def common_prefix(parts) -> int:
