@@ -1,8 +1,9 @@
 """Models on the workers and scoring endpoints that misbehave: a NaN or infinite output, an output
 that does not fit config.json's labels, an encoder of the wrong kind fail their datums
 (model_error, exit 4), never the run or a score under the wrong label; a config.json that
-cannot describe the model, an unknown filesystem scheme stop the run before it starts (exit 2,
-one paragraph); a scoring server that echoes the API key cannot put it in any output."""
+cannot describe the model, a model.onnx or tokenizer.json that cannot load, an unknown
+filesystem scheme stop the run before it starts (exit 2, one paragraph); a scoring server that
+echoes the API key cannot put it in any output."""
 
 from __future__ import annotations
 
@@ -124,6 +125,82 @@ def test_unusable_model_options_stop_before_the_run(tmp_path, capsys):
         assert done.returncode == 2, (options, done.stderr)
         assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_a_model_folder_that_cannot_load_stops_before_the_run(tmp_path, capsys):
+    """model.onnx cut short, random bytes, empty, without input_ids or with its weights in
+    another file; tokenizer.json broken: exit 2, one paragraph, nothing written (before: the
+    run started and every datum was model_error, exit 4)."""
+    import onnx
+
+    from tiny_models import write_tiny_causal_lm, write_tiny_encoder
+
+    good = write_tiny_causal_lm(tmp_path / "lm")
+    whole = (good / "model.onnx").read_bytes()
+    broken = {"cut": whole[:len(whole) // 2], "random": np.random.default_rng(0).bytes(2000), "empty": b""}
+    model = onnx.load(str(good / "model.onnx"))
+    model.graph.input[0].name = "ids"
+    model.graph.node[0].input[1] = "ids"
+    broken["renamed"] = model.SerializeToString()
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "the red tower ."}])
+    base = ["text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", tmp_path / "out"]
+
+    def stops(options, *said):
+        done = run_cli_here(base + options, capsys)
+        assert done.returncode == 2, (options, done.stderr)
+        assert all(s in done.stderr for s in said) and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not (tmp_path / "out").exists()
+
+    for name, data in broken.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(data)
+        (folder / "tokenizer.json").write_bytes((good / "tokenizer.json").read_bytes())
+        said = {"cut": "truncated", "random": "not an ONNX model file", "empty": "the file is empty",
+                "renamed": "no input named input_ids (its inputs: 'ids', 'attention_mask')"}[name]
+        stops(["--metrics", "Perplexity", "--lm_uri", folder], f"--lm_uri {folder}: model.onnx is not a model", said)
+    (tmp_path / "cut" / "config.json").write_text("{}")
+    stops(["--metrics", "ToxicityClassifier", "--model_uri", f"ToxicityClassifier={tmp_path / 'cut'}"],
+          "truncated")
+    external = write_tiny_encoder(tmp_path / "external")
+    model = onnx.load(str(external / "model.onnx"))
+    onnx.save(model, str(external / "model.onnx"), save_as_external_data=True, location="weights.bin",
+              size_threshold=0)
+    stops(["--metrics", "BERTScore", "--model_uri", f"BERTScore={external}"], "ONNX external data")
+    (good / "tokenizer.json").write_text('{"model": ')
+    stops(["--metrics", "Perplexity", "--lm_uri", good], "tokenizer.json cannot be read")
+
+
+def test_the_model_file_check_reads_around_the_weights(tmp_path):
+    """onnx_file_problem passes the reference models' exports and refuses every cut of a model
+    file; it reads none of a weight's bytes."""
+    import io
+
+    from evalbeam.pipelines.judge_options import onnx_file_problem
+    from tiny_models import write_tiny_causal_lm
+
+    for path in sorted((Path(__file__).parent.parent / "reference_models").glob("*/model.onnx")):
+        with open(path, "rb") as stream:
+            assert onnx_file_problem(stream) is None, path
+    whole = (write_tiny_causal_lm(tmp_path / "lm") / "model.onnx").read_bytes()
+    for cut in range(0, len(whole), 7):
+        assert onnx_file_problem(io.BytesIO(whole[:cut])) is not None, cut
+
+    class Counted(io.BytesIO):
+        """Counts the bytes read."""
+        taken = 0
+
+        def read(self, size=-1):
+            data = super().read(size)
+            Counted.taken += len(data)
+            return data
+
+    big = write_tiny_causal_lm(tmp_path / "big", dim=4096)     # weights: 2 x 4096 x 42 floats
+    data = (big / "model.onnx").read_bytes()
+    assert onnx_file_problem(Counted(data)) is None
+    assert Counted.taken < 5000 < len(data) // 100, (Counted.taken, len(data))
 
 
 class _Echo(BaseHTTPRequestHandler):
