@@ -17,7 +17,7 @@ from evalbeam.pipelines.common import UsageError, parse_optional_number
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
 from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_LABELS, MAX_MASK_BYTES, MAX_RLE_PIXELS,
-                                     ImageLimits)
+                                     ImageLimits, label_length_problem)
 from evalbeam.transforms.kernels.segmentation import SegmentationConfig
 
 TASK = "segmentation"
@@ -50,7 +50,8 @@ def add_arguments(parser) -> None:
 
 
 def parse_label_names(text: str | None) -> dict[int, str] | None:
-    """{class id: label name} from --label_names (see build_parser)."""
+    """{class id: label name} from --label_names (see build_parser). A name longer than
+    MAX_LABEL_CHARS characters is a usage error, like a repeated or empty one."""
     if text is None:
         return None
     if text.lower().endswith(".json"):
@@ -86,6 +87,9 @@ def parse_label_names(text: str | None) -> dict[int, str] | None:
             raise UsageError(f"--label_names: class id {key} needs a non-empty name")
         if key in out:
             raise UsageError(f"--label_names names class id {key} twice")
+        too_long = label_length_problem(f"the name of class id {key}", len(name.strip()))
+        if too_long:
+            raise UsageError(f"--label_names: {too_long}")
         out[key] = name.strip()
     if not out:
         raise UsageError("--label_names is empty")

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalbeam.schemas.safe_json import slice_value_problem
-from evalbeam.schemas.slices import canonical_json
+from evalbeam.schemas.slices import canonical_json, slice_text
 
 POSITION = "__position"
 SLICE_PREFIX = "__slice__:"
@@ -35,11 +35,14 @@ def slice_columns(metadata: list, slice_keys: list[str]) -> dict[str, pa.Array]:
 def metadata_slice_columns(metadata: pa.Array | None, n: int, slice_keys: list[str]) -> dict[str, pa.Array]:
     """`__slice__:<key>` columns from an Arrow metadata column (struct or map) of n rows, plus a
     `__reason` column when some row's slice value holds NaN or an infinity (JSON outputs cannot
-    carry it: schemas.safe_json.slice_value_problem).
+    carry it) or is longer than MAX_SLICE_CHARS characters as JSON (schemas.safe_json.
+    slice_value_problem gives the same reasons to rows read one by one).
 
-    Values are converted to canonical JSON once per distinct value, not once per row. The
-    non-finite check is vectorised for float columns (the usual case of NaN) and runs per distinct
-    value only for nested values (objects, lists), which may hold a float anywhere."""
+    Values are converted to canonical JSON once per distinct value, not once per row; a value
+    too long is measured without being written out (schemas.slices.slice_text) and its rows hold
+    "null" until validation rejects them. The non-finite check is vectorised for float columns
+    (the usual case of NaN) and runs per distinct value only for nested values (objects, lists),
+    which may hold a float anywhere."""
     out = {}
     reasons = None
     for key in slice_keys:
@@ -59,10 +62,10 @@ def metadata_slice_columns(metadata: pa.Array | None, n: int, slice_keys: list[s
             out[SLICE_PREFIX + key] = pa.array(["null"] * n, pa.string())
             continue
         values, unreadable = _python_values(key, encoded.dictionary)
-        texts = pa.array([canonical_json(_plain(v)) for v in values] + ["null"], pa.string())
+        texts, too_long = _slice_texts(key, values)
         indices = encoded.indices.fill_null(len(encoded.dictionary))
         out[SLICE_PREFIX + key] = texts.take(indices)
-        problems = _non_finite_problems(key, encoded.dictionary, values, unreadable)
+        problems = _non_finite_problems(key, encoded.dictionary, values, unreadable, too_long)
         if problems is not None:
             found = problems.take(indices).to_numpy(zero_copy_only=False)
             # a row keeps the reason of its first slice key that has one
@@ -92,22 +95,49 @@ def _python_values(key: str, dictionary: pa.Array) -> tuple[list, list | None]:
     return values, problems
 
 
+def _slice_texts(key: str, values: list) -> tuple[pa.Array, list | None]:
+    """The canonical JSON of each distinct value, plus a last "null" for "no value", and, when
+    some value is longer than MAX_SLICE_CHARS as JSON, the reason of each (None for the others):
+    such a value gets the text "null", so its text is never copied into the row's column (its
+    row is rejected anyway)."""
+    texts, too_long = [], []
+    for value in values:
+        text, problem = slice_text(key, _plain(value))
+        texts.append("null" if problem else text)
+        too_long.append(problem)
+    return (pa.array(texts + ["null"], pa.string()),
+            too_long if any(too_long) else None)
+
+
 def _non_finite_problems(key: str, dictionary: pa.Array, values: list,
-                         unreadable: list | None = None) -> pa.Array | None:
+                         unreadable: list | None = None,
+                         too_long: list | None = None) -> pa.Array | None:
     """Per distinct slice value (plus a last null entry for "no value"), why it cannot name a
-    slice (unreadable text first, then NaN or an infinity), or None when every value can."""
+    slice (unreadable text first, then NaN or an infinity, then a length beyond MAX_SLICE_CHARS
+    as _slice_texts found it: the order of schemas.safe_json.slice_value_problem), or None when
+    every value can."""
     kind = dictionary.type
-    if unreadable is None:
+    if unreadable is None and too_long is None:
         if pa.types.is_floating(kind):
             if pc.all(pc.is_finite(dictionary)).as_py():
                 return None
         elif not pa.types.is_nested(kind):
             return None   # strings, integers, booleans: always finite
-    problems = [(unreadable[i] if unreadable else None) or slice_value_problem(key, _plain(v))
+    problems = [(unreadable[i] if unreadable else None)
+                or _non_finite_problem(key, _plain(v), kind)
+                or (too_long[i] if too_long else None)
                 for i, v in enumerate(values)] + [None]
     if all(p is None for p in problems):
         return None
     return pa.array(problems, pa.string())
+
+
+def _non_finite_problem(key: str, value, kind: pa.DataType) -> str | None:
+    """slice_value_problem of a value of a float or nested column; other kinds (strings,
+    integers, booleans) are always finite, and their length is _slice_texts's to check."""
+    if pa.types.is_floating(kind) or pa.types.is_nested(kind):
+        return slice_value_problem(key, value)
+    return None
 
 
 def _plain(value):

@@ -8,7 +8,9 @@ number of scored values per key, each value at most once per key, scores in [0, 
 Label keys and values are text. An integer (not a boolean) is accepted as its decimal text, so
 scikit-learn's integer class labels need no conversion: 3 and "3" are the same label in every
 format. Other non-strings (3.0, true, objects) are rejected with a reason that says how to write
-them. Scores are numbers.
+them. Scores are numbers. A key or value is at most MAX_LABEL_CHARS (1,024) characters, an integer
+counting its decimal digits; a longer one rejects its row in every format (check_row for rows
+parsed one by one, validate for Arrow's tables) and never reaches the label names.
 
 JSONL is parsed a block at a time (schemas.formats.jsonl_blocks) by Arrow's multi-threaded JSON
 reader. Arrow must never see a line nested deeper than schemas.safe_json.MAX_NESTING (its reader
@@ -32,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import re
 from typing import BinaryIO, Iterator
 
@@ -46,6 +49,7 @@ from evalbeam.schemas.arrow_tables import (POSITION, REASON, SLICE_PREFIX, metad
 from evalbeam.schemas.formats import (SkippedLine, deep_lines, is_utf8, nonblank_line_numbers,
                                       not_utf8_reason, scan_lines, too_long_reason)
 from evalbeam.schemas.hashing import fnv1a_64
+from evalbeam.schemas.limits import MAX_LABEL_CHARS, label_length_problem
 from evalbeam.schemas.safe_json import (MAX_NESTING, lone_surrogate, loads_row, slice_value_problem,
                                         surrogate_reason)
 
@@ -99,6 +103,27 @@ def label_text_problem(field: str, value) -> str | None:
             f"{hint}")
 
 
+def label_text_length(value) -> int:
+    """Characters of a label key or value (a string or an integer, see label_text) as text. An
+    integer far beyond the bound is measured by its logarithm, never written out (Python refuses
+    to write integers of more than 4,300 digits)."""
+    if not is_integer(value):
+        return len(value)
+    number = abs(int(value))
+    sign = 1 if value < 0 else 0
+    if number.bit_length() <= 4 * MAX_LABEL_CHARS:   # at most about 1,233 digits
+        return len(str(number)) + sign
+    return int(math.log10(number)) + 1 + sign
+
+
+def label_length_reason(field: str, value) -> str | None:
+    """Why a label key or value (text or an integer) is longer than MAX_LABEL_CHARS characters,
+    or None. The same reason in every format."""
+    if value is None:
+        return None
+    return label_length_problem(f"label {field}", label_text_length(value))
+
+
 def score_problem(score) -> str | None:
     """Why a label score (a parsed JSON or Python value) is not a number, or None; the range is
     checked later, on the whole batch."""
@@ -111,9 +136,11 @@ def check_row(row, scored: bool, slice_keys=()) -> str | None:
     """Why a parsed JSON row does not have the shape of a classification row, or None.
 
     Shape only: a string datum_uid, a list of label objects with a key and a value (text or
-    integer, see label_text_problem) and, when `scored`, a numeric score; and, for each of
-    `slice_keys`, a metadata value that can name a slice (no NaN or infinity). Meaning (non-empty,
-    score range, duplicates) is checked later, on the whole batch at once."""
+    integer, see label_text_problem, of at most MAX_LABEL_CHARS characters) and, when `scored`, a
+    numeric score; and, for each of `slice_keys`, a metadata value that can name a slice (no NaN
+    or infinity, at most MAX_SLICE_CHARS characters as JSON). Within a label, the types of key,
+    value and score are checked before the lengths of key and value. Meaning (non-empty, score
+    range, duplicates) is checked later, on the whole batch at once."""
     if not isinstance(row, dict):
         return f"row must be a JSON object, got {type(row).__name__}"
     uid = row.get("datum_uid")
@@ -128,7 +155,9 @@ def check_row(row, scored: bool, slice_keys=()) -> str | None:
                 return _type_error("each label", "an object", label)
             problem = (label_text_problem("key", label.get("key"))
                        or label_text_problem("value", label.get("value"))
-                       or (score_problem(label.get("score")) if scored else None))
+                       or (score_problem(label.get("score")) if scored else None)
+                       or label_length_reason("key", label.get("key"))
+                       or label_length_reason("value", label.get("value")))
             if problem:
                 return problem
     metadata = row.get("metadata")
@@ -554,14 +583,50 @@ def too_many_labels(n_labels: int, limit: int) -> str:
             "raise it if rows this large are meant")
 
 
+def _without_long_names(labels: pa.Array, flag) -> pa.Array:
+    """The labels with every key and value longer than MAX_LABEL_CHARS characters made null, and
+    their rows flagged with label_length_reason. The names must go before the key and value
+    dictionaries are built: LabelRows.key_names and value_names hold every name of the table,
+    also of rejected rows, and every shard piece carries them."""
+    flat = pc.list_flatten(labels)
+    length, long = {}, {}
+    for field in ("key", "value"):
+        length[field] = np.asarray(pc.utf8_length(_combine(flat.field(field))).fill_null(0))
+        long[field] = length[field] > MAX_LABEL_CHARS
+    either = long["key"] | long["value"]
+    if not either.any():
+        return labels
+    label_row = np.asarray(pc.list_parent_indices(labels), dtype=np.int64)
+    first = {}
+    for i in np.flatnonzero(either).tolist():
+        first.setdefault(int(label_row[i]), i)
+
+    def reason(row: int) -> str:
+        i = first[row]
+        field = "key" if long["key"][i] else "value"
+        return label_length_problem(f"label {field}", int(length[field][i]))
+
+    flag(np.bincount(label_row[either], minlength=len(labels)) > 0, reason)
+    fields = list(flat.type)
+    children = [pc.if_else(pa.array(long[f.name]), pa.scalar(None, f.type), flat.field(f.name))
+                if f.name in long else flat.field(f.name) for f in fields]
+    values = pa.StructArray.from_arrays(children, fields=fields,
+                                        mask=flat.is_null() if flat.null_count else None)
+    lengths = np.asarray(pc.list_value_length(labels).fill_null(0), dtype=np.int64)
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)], pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, type=labels.type,
+                                    mask=labels.is_null() if labels.null_count else None)
+
+
 def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None = None,
              ) -> tuple[LabelRows, list[tuple[int, str | None, str]]]:
     """Split a normalised table into valid rows and rejects [(position, datum_uid, reason)].
 
     A row is rejected, with the first reason that applies, when: the reader named a problem in
-    the table's `__reason` column; it holds more than max_labels labels (None: no bound); its
-    datum_uid is missing or empty; its labels are missing; a label has no key or no value
-    (missing or empty string); a score is missing, NaN, infinite or outside [0, 1]
+    the table's `__reason` column; a label key or value is longer than MAX_LABEL_CHARS
+    characters (the first such label, key before value); it holds more than max_labels labels
+    (None: no bound); its datum_uid is missing or empty; its labels are missing; a label has no
+    key or no value (missing or empty string); a score is missing, NaN, infinite or outside [0, 1]
     (predictions); a key has two values (ground truth) or a value is scored twice for one key
     (predictions)."""
     n = table.num_rows
@@ -578,6 +643,7 @@ def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None
     if REASON in table.column_names:
         found = _combine(table.column(REASON))
         reason[:] = np.asarray(found.to_numpy(zero_copy_only=False), dtype=object)
+    labels = _without_long_names(labels, flag)
     if max_labels is not None:
         n_labels = np.asarray(pc.list_value_length(labels).fill_null(0), dtype=np.int64)
         flag(n_labels > max_labels, lambda r: too_many_labels(int(n_labels[r]), max_labels))

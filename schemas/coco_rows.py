@@ -268,7 +268,8 @@ def image_rows(images: list, slice_keys: list[str], need_size: bool = False,
     need_size (masks are rasterised at the image's size), integer height and width of at most
     max_pixels pixels (pycocotools would fail on negative sizes, and polygons of an image without
     a size would be empty masks). Slice values come from image["metadata"][key], else
-    image[key], and must be finite (schemas.safe_json.slice_value_problem)."""
+    image[key], and must be finite and at most MAX_SLICE_CHARS characters as JSON
+    (schemas.safe_json.slice_value_problem)."""
 
     def meta(im, key):
         m = im.get("metadata")

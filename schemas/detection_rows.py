@@ -22,7 +22,7 @@ import pyarrow as pa
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_LABEL_CHARS, label_length_problem
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -194,6 +194,9 @@ def _annotation_problem(ann, scored: bool) -> str | None:
     label = ann.get("label")
     if not isinstance(label, str) or not label:
         return "no label (a non-empty string)"
+    problem = label_length_problem("label", len(label))
+    if problem:
+        return problem
     if scored:
         score = ann.get("score")
         if not _finite(score) or not 0.0 <= score <= 1.0:
@@ -213,9 +216,11 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
     Ground truth (scored=False) gives ImageRows (one image per datum, slice values from
     metadata); predictions give a RowIndex. A row is rejected as a whole when it is not an
     object, its datum_uid is missing or empty, its annotations are missing or not a list, one
-    annotation is invalid (the reason names it by its 0-based index: "annotation 2: ..."), or a
-    slice value is not finite. geometry "polygon" reads the "polygon" of each annotation (shapely
-    geometries in BoxRows.segmentation; bbox = bounds, ground-truth area = polygon area)."""
+    annotation is invalid (the reason names it by its 0-based index: "annotation 2: ..."; a label
+    longer than MAX_LABEL_CHARS characters is invalid), or a slice value is not finite or longer
+    than MAX_SLICE_CHARS characters as JSON. geometry "polygon" reads the "polygon" of each
+    annotation (shapely geometries in BoxRows.segmentation; bbox = bounds, ground-truth area =
+    polygon area)."""
     good, bad = [], []
     for row, position in zip(rows, positions):
         uid = row.get("datum_uid") if isinstance(row, dict) else None
@@ -274,11 +279,14 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
 
 
 def labels_of(rows: list) -> set[str]:
-    """Labels used by the valid-looking annotations of parsed rows."""
+    """Labels used by the valid-looking annotations of parsed rows: non-empty strings of at most
+    MAX_LABEL_CHARS characters. The rows may include rejected ones, so a label beyond the bound
+    is left out here too: it would name a category of every record otherwise."""
     out = set()
     for row in rows:
         if isinstance(row, dict) and isinstance(row.get("annotations"), list):
             for a in row["annotations"]:
-                if isinstance(a, dict) and isinstance(a.get("label"), str) and a["label"]:
-                    out.add(a["label"])
+                label = a.get("label") if isinstance(a, dict) else None
+                if isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS:
+                    out.add(label)
     return out

@@ -2,7 +2,8 @@
 worker's memory, and the messages that name the option raising each bound.
 
 A row beyond a bound is rejected with a reason (never allocated, never a crash); the tasks'
-options (`--max_image_pixels`, ...) raise the bounds for inputs that really are that large.
+options (`--max_image_pixels`, ...) raise the bounds for inputs that really are that large. The
+bounds on names that end up in metric records (MAX_LABEL_CHARS, MAX_SLICE_CHARS) have no option.
 """
 
 from __future__ import annotations
@@ -25,6 +26,22 @@ MAX_SEGMENTS_PER_ROW = 65_535
 # Distinct labels of a segmentation run: each (model, slice) keeps a dense (K + 1)^2 int64 pixel
 # matrix, 32 MB at 2,000 labels (LVIS has 1,203 classes, ADE20K-847 has 847), 32 GiB at 65,536.
 MAX_LABELS = 2_000
+# Characters (Unicode code points) of one label: a classification label key or value, a detection
+# or segmentation label, a COCO category name, a --label_names name. A label names metric records
+# and is copied into each of them (every score threshold, both axes of a confusion matrix, every
+# model and slice), and into every shard's piece of the input: one 50 MB label value in a
+# 21-row classification input made a 0.94 GB metrics.jsonl and a 5.4 GB peak (0.5 GB with the
+# row rejected, 0.23 GB without it). Real class names are words or short phrases
+# (COCO's longest, "baseball glove", has 14 characters); 1,024 leaves room for long synonym
+# lists, paths or composite names, and keeps a label's cost in the records near that of its
+# numbers. No option raises it: a longer label is a mistake (a caption or a file's contents in
+# the label field), and an id with the long text kept elsewhere is the fix.
+MAX_LABEL_CHARS = 1_024
+# Characters of one --slice value written as canonical JSON (schemas/slices.py), as it appears
+# in every record of its slice ("slice": {"region": "eu"}); the same reasoning and number as
+# MAX_LABEL_CHARS (one 50 MB slice value: a 1.6 GB metrics.jsonl and a 7.8 GB peak). Quotes and
+# escapes count: the string "eu" is 4 characters.
+MAX_SLICE_CHARS = 1_024
 
 
 @dataclass(frozen=True)
@@ -53,3 +70,20 @@ def file_size_problem(n_bytes: int, limit: int, what: str) -> str | None:
         return (f"{what} holds more than {limit:,} bytes, the limit per mask or label-map file "
                 "(--max_mask_bytes raises it)")
     return None
+
+
+def label_length_problem(what: str, length: int, limit: int = MAX_LABEL_CHARS) -> str | None:
+    """Why a label of `length` characters is not evaluated (what: "label value", "category
+    name", ...), or None when length <= limit. The reason gives the length, never the text."""
+    if length <= limit:
+        return None
+    return (f"{what} is {length:,} characters long, more than the limit of {limit:,} for a label "
+            "(it would be copied into every metric record of its label): use a shorter name")
+
+
+def slice_length_reason(key: str, limit: int = MAX_SLICE_CHARS) -> str:
+    """The rejection reason of a row whose metadata value for the --slice key `key` is longer
+    than `limit` characters as canonical JSON."""
+    return (f"metadata {key!r} is longer than {limit:,} characters as JSON, the limit for a slice "
+            "value (it would be copied into every metric record of its slice): slice on a "
+            "shorter value, such as an id")

@@ -441,7 +441,8 @@ def slice_values(row: dict, keys: list[str]) -> tuple[tuple | None, str | None]:
     """The --slice values a valid qrels row gives its query: (canonical JSON of metadata[key] for
     each key, None) when the row's "metadata" is an object, (None, None) when it is not (the row
     gives none), and (None, reason) when a value cannot name a slice (the row is rejected): NaN
-    or infinite, as read_slices (transforms/retrieval.py) finds in JSONL files, or not JSON."""
+    or infinite, longer than MAX_SLICE_CHARS characters as JSON (schemas/limits.py), as
+    read_slices (transforms/retrieval.py) finds in JSONL files, or not JSON."""
     metadata = row.get("metadata")
     if not isinstance(metadata, dict):
         return None, None

@@ -10,7 +10,8 @@ What a row may not do, and what each reader does instead (reject the row with th
 - hold a lone UTF-16 surrogate (`"\\ud800"`): valid JSON, but not text, so it could be neither
   written to UTF-8 outputs nor matched by the regular expressions of the rule metrics;
 - slice on a value that is not finite (NaN, Infinity): JSON outputs cannot carry it
-  (slice_value_problem).
+  (slice_value_problem), or on a value longer than MAX_SLICE_CHARS characters as JSON
+  (schemas/limits.py: every record of the slice would carry it).
 
 All checks are pure functions of bytes or parsed values; nothing here imports Beam.
 """
@@ -23,6 +24,8 @@ import re
 from typing import BinaryIO, Iterator
 
 import numpy as np
+
+from evalbeam.schemas.slices import slice_length_problem
 
 MAX_NESTING = 64
 # The longest input line a reader holds in memory; a longer one is rejected as a row (and
@@ -119,9 +122,11 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
 
 
 def slice_value_problem(key: str, value) -> str | None:
-    """Why a metadata value cannot name a slice (it holds NaN or an infinity, which JSON outputs
-    cannot carry), or None. Strings, finite numbers, booleans, null, lists and objects of them
-    are fine."""
+    """Why a metadata value cannot name a slice, or None: it holds NaN or an infinity (JSON
+    outputs cannot carry them; checked first), or its canonical JSON is longer than
+    MAX_SLICE_CHARS characters (schemas.slices.slice_length_problem: every record of the slice
+    would carry it). Strings, finite numbers, booleans, null, lists and objects of them are fine
+    within that length."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -132,7 +137,7 @@ def slice_value_problem(key: str, value) -> str | None:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return None
+    return slice_length_problem(key, value)
 
 
 def iter_lines(stream: BinaryIO, max_line_bytes: int, chunk_size: int = 8 << 20,

@@ -12,8 +12,9 @@ unreadable files) is checked by the matching step, which decodes them.
 
 Bounds (schemas/limits.py): a row's shape and every RLE size are at most `max_pixels`
 (--max_image_pixels), checked here before anything is decoded; a row holds at most
-MAX_SEGMENTS_PER_ROW segments; a --slice metadata value must be JSON-writable (no NaN or
-Infinity).
+MAX_SEGMENTS_PER_ROW segments; a segment label is at most MAX_LABEL_CHARS characters; a --slice
+metadata value must be JSON-writable (no NaN or Infinity) and at most MAX_SLICE_CHARS characters
+as JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import posixpath
 from dataclasses import dataclass, field
 
 from evalbeam.schemas.coco import rle_problem
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem
+from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem,
+                                     label_length_problem)
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -76,6 +78,9 @@ def _segment_problem(segment, shape, max_pixels: int) -> str | None:
     label = segment.get("label")
     if not isinstance(label, str) or not label:
         return "segment without label"
+    problem = label_length_problem("segment label", len(label))
+    if problem:
+        return problem
     has_rle, has_uri = "rle" in segment, "mask_uri" in segment
     if has_rle == has_uri:
         return "a segment needs exactly one of \"rle\" or \"mask_uri\""

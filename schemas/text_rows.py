@@ -4,7 +4,8 @@ Ground truth: {"datum_uid": str, "metadata"?: {...}, "query"?: str, "references"
 "condition"?: str}. Predictions: {"datum_uid": str, "response": str, "contexts"?: [str, ...]}.
 A row is rejected whole when a field has the wrong type (a reference or context that is not a
 string, a missing response...), when the metadata value of a --slice key is not finite (NaN,
-Infinity: JSON outputs cannot carry it) or cannot be written as JSON, and, for rows that come as
+Infinity: JSON outputs cannot carry it), is longer than MAX_SLICE_CHARS characters as JSON
+(schemas/limits.py) or cannot be written as JSON, and, for rows that come as
 Python dicts from a user's pipeline, when any string of the row holds a lone UTF-16 surrogate
 (rows read from files are checked for it by schemas.safe_json.loads_row, with a reason of the
 same form).
@@ -71,7 +72,7 @@ def _problem(row, scored: bool) -> str | None:
 
 def _slices(metadata: dict, slice_keys: list[str]) -> tuple[dict, str | None]:
     """({key: canonical JSON of the value}, None), or ({}, reason) when a value cannot name a
-    slice: not finite, or not JSON at all (a Python object or a value nested past the recursion
+    slice: not finite, longer than MAX_SLICE_CHARS characters as JSON, or not JSON at all (a Python object or a value nested past the recursion
     limit in a row from a user's pipeline)."""
     out = {}
     for key in slice_keys:

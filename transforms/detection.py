@@ -24,7 +24,7 @@ from evalbeam.schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco
 from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, native_rows, stable_id
 from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, label_length_problem
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
@@ -96,8 +96,9 @@ class ReadCocoFile(ProgressDoFn):
     Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))) and the categories as
     TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model, (area_from_bbox,
     BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS. A file that is
-    not one usable COCO document (cut short, not JSON, nested too deep, of the wrong shape)
-    raises transforms.io.ReadError: the launcher reports it as an input error (exit 2)."""
+    not one usable COCO document (cut short, not JSON, nested too deep, of the wrong shape,
+    repeated category ids, a category name longer than MAX_LABEL_CHARS characters) raises
+    transforms.io.ReadError: the launcher reports it as an input error (exit 2)."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
                  quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
@@ -148,6 +149,14 @@ class ReadCocoFile(ProgressDoFn):
         if category_id.size != np.unique(category_id).size:
             raise ReadError(f"{path} (given for {name}) has category ids that are not unique, so "
                             "a category_id cannot name one category. Nothing of it was used.")
+        category_name = [str(c.get("name", c["id"])) for c in categories]
+        too_long = next(filter(None, (label_length_problem(f"the name of category {c['id']}", len(n))
+                                      for c, n in zip(categories, category_name))), None)
+        if too_long:
+            # the categories are the file's vocabulary, not rows: rejecting one would reject all
+            # its annotations and change what the metrics mean, so the file is refused whole
+            raise ReadError(f"{path} (given for {name}) cannot be used: {too_long}. Nothing of "
+                            "it was used.")
         known_image = np.isin(anns.image_id, images.image_id)
         known_category = np.isin(anns.category_id, category_id)
         # images rejected for their own reasons (a repeated id, a slice value, a size) still
@@ -171,9 +180,8 @@ class ReadCocoFile(ProgressDoFn):
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_read))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), n_bad))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), n_read - n_bad))
-        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, {
-            "id": category_id.tolist(),
-            "name": [str(c.get("name", c["id"])) for c in categories]})
+        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, {"id": category_id.tolist(),
+                                                        "name": category_name})
         image_parts = _split(image_shards(images.image_id, self.num_shards), self.num_shards)
         ann_parts = _split(image_shards(anns.image_id, self.num_shards), self.num_shards)
         for shard in sorted(set(image_parts) | set(ann_parts)):

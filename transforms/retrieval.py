@@ -12,8 +12,9 @@ merged into per_query.jsonl. Each shard also counts, per model, the run's querie
 judgments (QueryCoverage), from which coverage_problems tells a run that the qrels do not judge.
 
 Counts: the reader counts a file's rows read and the rows it rejects (unparsable lines, and the
-qrels rows whose --slice metadata is not finite); the shard counts the rows it rejects as
-duplicates and the rows it keeps (rows_evaluated), so every row read is counted once.
+qrels rows whose --slice metadata cannot name a slice: not finite, or too long); the shard
+counts the rows it rejects as duplicates and the rows it keeps (rows_evaluated), so every row
+read is counted once.
 
 Intervals (--bootstrap R): each shard also weighs its queries' values by their Poisson bootstrap
 weights (kernels.bootstrap, keyed by FNV-1a of the query id) and keeps the R weighted sums exactly
@@ -494,7 +495,8 @@ def read_slices(sources, slices) -> tuple[dict | None, dict]:
     "metadata" object; rows the reader rejects do not count (json_row: malformed, too deep, a
     lone surrogate, a bad field, a line too long), rows the shards reject as repeated (query,
     doc) pairs do (that needs every file at once). A row whose metadata value for a --slice key
-    is NaN or infinite (no JSON output can name that slice) is listed with the reason and
+    is NaN or infinite (no JSON output can name that slice) or longer than MAX_SLICE_CHARS
+    characters as JSON (every record of the slice would carry it) is listed with the reason and
     rejected by the pipeline's reader, so its judgment is not used either; the query's values
     then come from its next row. Lines are read one at a time, at most MAX_ROW_BYTES each."""
     if not slices:

@@ -1,0 +1,222 @@
+"""The length bounds of the strings that name metric records (schemas/limits.py): label keys and
+values, detection and segmentation labels, COCO category names, --label_names, and --slice values
+in every task. A row beyond a bound is rejected with a reason naming the length; its text never
+reaches a vocabulary, a category table or a record. Unit tests on the row readers, plus one
+end-to-end classification run for the rejected rows, the exit code and the counts."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import read_jsonl, run_classification, write_jsonl
+from evalbeam.schemas.limits import MAX_LABEL_CHARS, MAX_SLICE_CHARS
+
+LONG = "x" * (MAX_LABEL_CHARS + 1)
+FITS = "x" * MAX_LABEL_CHARS
+LABEL_REASON = f"label value is {MAX_LABEL_CHARS + 1:,} characters long, more than the limit of 1,024"
+SLICE_REASON = "metadata 'region' is longer than 1,024 characters as JSON, the limit for a slice value"
+
+
+def jsonl(rows) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+# ----------------------------------------------------------------------------- the bounds
+
+def test_slice_length_counts_canonical_json_and_stops_early():
+    """A slice value is measured as canonical JSON (quotes and escapes count); the exact bound
+    passes, one character more does not; a value far beyond it is refused without the text
+    being made (a 50 MB string allocates next to nothing)."""
+    from evalbeam.schemas.safe_json import slice_value_problem
+    from evalbeam.schemas.slices import slice_text
+
+    fits = "a" * (MAX_SLICE_CHARS - 2)                 # plus its two quotes: exactly the bound
+    assert slice_text("region", fits) == (json.dumps(fits), None)
+    for too_long in (fits + "a", "\n" * 600, ["ab"] * 300, {"k" * 600: "v" * 600}, 10 ** 3000):
+        assert slice_value_problem("region", too_long).startswith(SLICE_REASON)
+    assert slice_value_problem("region", float("nan")).startswith("metadata 'region' is nan")
+    assert slice_value_problem("region", {"a": [1, 2.5, None, True, "eu"]}) is None
+
+    huge = "x" * (50 << 20)
+    tracemalloc.start()
+    try:
+        assert slice_value_problem("region", huge).startswith(SLICE_REASON)
+        assert slice_value_problem("region", [huge] * 1000).startswith(SLICE_REASON)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
+# ----------------------------------------------------------------------------- classification
+
+def test_classification_rejects_long_labels_and_slices_on_every_reader(tmp_path):
+    """JSONL (Arrow's fast path and the line-by-line path), Parquet and Python rows give the same
+    reasons; the rejected names are not in the validated rows' key or value names (which every
+    shard piece carries)."""
+    from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH as GT,
+                                                      CLASSIFICATION_PREDICTION as PRED,
+                                                      dict_rows_table, parquet_tables,
+                                                      parse_jsonl_block, validate)
+
+    def gt(uid, value="cat", region="eu", key="class"):
+        return {"datum_uid": uid, "metadata": {"region": region},
+                "labels": [{"key": key, "value": value}]}
+
+    rows = [gt("ok"), gt("fits", value=FITS), gt("value", value=LONG), gt("slice", region=LONG),
+            gt("key", key=LONG)]
+    expected = [(3, "value", LABEL_REASON), (4, "slice", SLICE_REASON),
+                (5, "key", LABEL_REASON.replace("value", "key"))]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gt.parquet")
+    with open(tmp_path / "gt.parquet", "rb") as stream:
+        parquet = next(parquet_tables(stream, GT, ["region"]))
+    slow = jsonl(rows) + b"\n" + b'{"datum_uid": "ok2", "labels": [{"key": "class", "value": 3}]}\n'
+    tables = {"fast": parse_jsonl_block(jsonl(rows), 1, GT, ["region"]),
+              "slow": parse_jsonl_block(slow, 1, GT, ["region"]),    # ints and strings mixed
+              "parquet": (parquet, []),
+              "dicts": dict_rows_table(rows, 1, GT, ["region"])}
+    for name, (table, unparsed) in tables.items():
+        kept, rejects = validate(table, scored=False, file_id=0)
+        found = sorted([(p + (name == "parquet"), u, r) for p, u, r in rejects]
+                       + [(p, uid, r) for p, r in unparsed
+                          for uid in [rows[p - 1]["datum_uid"]]])
+        assert [(p, u) for p, u, _ in found] == [(p, u) for p, u, _ in expected], name
+        assert all(r.startswith(e) for (_, _, r), (_, _, e) in zip(found, expected)), (name, found)
+        assert kept.uid.to_pylist()[:2] == ["ok", "fits"], name
+        assert max(map(len, kept.key_names + kept.value_names)) == MAX_LABEL_CHARS, name
+        assert all(len(v) <= MAX_SLICE_CHARS for v in kept.slices["region"].to_pylist()), name
+
+    # a prediction's long value among short ones, and an integer label of 2,001 digits
+    scored = [{"datum_uid": "a", "labels": [{"key": "class", "value": "cat", "score": 0.5},
+                                            {"key": "class", "value": LONG, "score": 0.5}]}]
+    kept, rejects = validate(parse_jsonl_block(jsonl(scored), 1, PRED, [])[0], True, 0)
+    assert rejects[0][2].startswith(LABEL_REASON) and LONG not in kept.value_names
+    _, unparsed = dict_rows_table([{"datum_uid": "b", "labels": [
+        {"key": "class", "value": 10 ** 2000, "score": 0.5}]}], 0, PRED, [])
+    assert unparsed[0][1].startswith("label value is 2,001 characters long")
+
+
+def test_classification_run_rejects_long_rows_and_counts_add_up(tmp_path):
+    """End to end: a long label value, a long label key and a long slice value are rejected
+    rows (file, line, reason), the records hold none of them, and run.json's counts add up."""
+    truth = [{"datum_uid": f"d{i}", "metadata": {"region": "eu" if i % 2 else "us"},
+              "labels": [{"key": "class", "value": "cat" if i % 3 else "dog"}]} for i in range(8)]
+    truth += [{"datum_uid": "long-value", "metadata": {"region": "eu"},
+               "labels": [{"key": "class", "value": LONG}]},
+              {"datum_uid": "long-slice", "metadata": {"region": LONG},
+               "labels": [{"key": "class", "value": "cat"}]}]
+    preds = [{"datum_uid": f"d{i}", "labels": [{"key": "class", "value": "cat", "score": 0.6},
+                                               {"key": "class", "value": "dog", "score": 0.4}]}
+             for i in range(8)]
+    preds += [{"datum_uid": "d0", "labels": [{"key": LONG, "value": "cat", "score": 0.6}]}]
+    out = tmp_path / "out"
+    code = run_classification(["--groundtruths", write_jsonl(tmp_path / "gt.jsonl", truth),
+                               "--predictions", f"m={write_jsonl(tmp_path / 'm.jsonl', preds)}",
+                               "--output", out, "--quiet", "--slice", "region",
+                               "--num_shards", "1", "--metrics", "Counts",
+                               "--max_rejected_fraction", "0.2"])
+    assert code == 0
+    rejected = {(r["source"], r["line"]): r["reason"] for r in read_jsonl(out / "rejected.jsonl")}
+    assert sorted(rejected) == [("groundtruths", 9), ("groundtruths", 10), ("m", 9)]
+    assert rejected["groundtruths", 9].startswith(LABEL_REASON)
+    assert rejected["groundtruths", 10].startswith(SLICE_REASON)
+    assert rejected["m", 9].startswith(LABEL_REASON.replace("value", "key"))
+    assert "xxxx" not in (out / "metrics.jsonl").read_text()
+    info = json.loads((out / "run.json").read_text())
+    assert info["counts"] == {
+        "groundtruths": {"rows_read": 10, "rows_evaluated": 8, "rows_rejected": 2},
+        "m": {"rows_read": 9, "rows_evaluated": 8, "rows_rejected": 1}}
+    assert (info["rows_read"], info["rows_rejected"]) == (19, 3)
+
+
+# ----------------------------------------------------------------------------- detection
+
+def test_detection_native_rows_reject_long_labels_and_slices():
+    from evalbeam.schemas.detection_rows import labels_of, native_rows
+
+    def row(uid, label="cat", region="eu"):
+        return {"datum_uid": uid, "metadata": {"region": region},
+                "annotations": [{"label": "dog", "bbox": [0, 0, 1, 1]},
+                                {"label": label, "bbox": [0, 0, 2, 2]}]}
+
+    rows = [row("ok", label=FITS), row("label", label=LONG), row("slice", region=LONG)]
+    images, boxes, bad = native_rows(rows, [1, 2, 3], False, ["region"])
+    assert [(p, u) for p, u, _ in bad] == [(2, "label"), (3, "slice")]
+    assert bad[0][2].startswith("annotation 1: label is 1,025 characters long, more than the limit")
+    assert bad[1][2].startswith(SLICE_REASON)
+    assert images.uid == ["ok"] and len(boxes.image_id) == 2
+    assert labels_of(rows) == {"dog", "cat", FITS}   # a long label names no category
+
+
+def test_coco_long_category_name_stops_the_run_and_long_image_slice_is_rejected(tmp_path):
+    """A category name beyond the bound is a file-level problem: ReadCocoFile refuses the file
+    with a one-paragraph message (an input error, exit 2). An image whose slice value is too long
+    is a rejected image."""
+    from evalbeam.schemas.coco_rows import image_rows
+    from evalbeam.transforms.detection import ReadCocoFile
+    from evalbeam.transforms.io import ReadError
+
+    images = [{"id": 1, "metadata": {"region": "eu"}}, {"id": 2, "metadata": {"region": LONG}}]
+    kept, bad = image_rows(images, ["region"])
+    assert kept.image_id.tolist() == [1] and bad[0][0] == 1 and bad[0][1].startswith(SLICE_REASON)
+
+    coco = {"images": [{"id": 1}], "annotations": [],
+            "categories": [{"id": 1, "name": "cat"}, {"id": 7, "name": LONG}]}
+    (tmp_path / "gt.json").write_text(json.dumps(coco))
+    sources = {"groundtruths": SimpleNamespace(files=[str(tmp_path / "gt.json")])}
+    reader = ReadCocoFile(sources, "bbox", [], 2, True, 0.0)
+    reader.setup()
+    with pytest.raises(ReadError) as error:
+        list(reader.process(("groundtruths", 0)))
+    message = error.value.message
+    assert "gt.json (given for groundtruths) cannot be used: the name of category 7 is 1,025 " \
+           "characters long, more than the limit of 1,024" in message
+    assert "\n" not in message and LONG not in message
+    coco["categories"][1]["name"] = FITS
+    (tmp_path / "gt.json").write_text(json.dumps(coco))
+    assert list(reader.process(("groundtruths", 0)))
+
+
+# ----------------------------------------------------------------------------- segmentation
+
+def test_segmentation_rejects_long_labels_and_slices_and_label_names():
+    from evalbeam.pipelines.common import UsageError
+    from evalbeam.pipelines.segmentation import parse_label_names
+    from evalbeam.schemas.segmentation_rows import segment_rows
+
+    def row(uid, label="car", region="eu"):
+        return {"datum_uid": uid, "metadata": {"region": region}, "shape": [1, 2],
+                "segments": [{"label": label, "rle": {"size": [1, 2], "counts": [0, 2]}}]}
+
+    good, bad = segment_rows([row("ok", FITS), row("label", LONG), row("slice", region=LONG)],
+                             [1, 2, 3], "rows.jsonl", 0, ["region"])
+    assert [r.uid for r in good] == ["ok"] and good[0].labels == [FITS]
+    assert [(p, u) for p, u, _ in bad] == [(2, "label"), (3, "slice")]
+    assert bad[0][2].startswith("segment label is 1,025 characters long, more than the limit")
+    assert bad[1][2].startswith(SLICE_REASON)
+    assert parse_label_names(f"road,{FITS}") == {0: "road", 1: FITS}
+    with pytest.raises(UsageError, match="the name of class id 1 is 1,025 characters long"):
+        parse_label_names(f"road,{LONG}")
+
+
+# ----------------------------------------------------------------------------- text, retrieval
+
+def test_text_and_retrieval_reject_long_slice_values():
+    from evalbeam.schemas.retrieval_rows import slice_values
+    from evalbeam.schemas.text_rows import text_rows
+
+    rows = [{"datum_uid": "ok", "metadata": {"region": "eu"}, "references": ["a"]},
+            {"datum_uid": "long", "metadata": {"region": LONG}, "references": ["a"]}]
+    good, bad = text_rows(rows, [1, 2], False, 0, ["region"])
+    assert [r.uid for r in good] == ["ok"] and good[0].slices == {"region": '"eu"'}
+    assert [(p, u) for p, u, _ in bad] == [(2, "long")] and bad[0][2].startswith(SLICE_REASON)
+
+    qrel = {"query_id": "q", "doc_id": "d", "relevance": 1}
+    assert slice_values(dict(qrel, metadata={"region": "eu"}), ["region"]) == (('"eu"',), None)
+    values, reason = slice_values(dict(qrel, metadata={"region": LONG}), ["region"])
+    assert values is None and reason.startswith(SLICE_REASON)
