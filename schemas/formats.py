@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import pyarrow as pa
 
-from evalbeam.schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES
+from evalbeam.schemas.safe_json import BOM, MAX_NESTING, MAX_ROW_BYTES
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -65,16 +65,26 @@ def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: i
     A line longer than max_line_bytes (default schemas.safe_json.MAX_ROW_BYTES), newline not
     counted, is yielded alone as a SkippedLine and its bytes are read and dropped, so memory stays
     within about block_size + max_line_bytes whatever the input (a 1 GB line without a newline
-    included)."""
+    included).
+
+    A UTF-8 byte order mark at byte 0 of the file (first_line 1) is dropped; a line further on
+    that starts with one is a bad row (schemas.safe_json.loads_row). Arrow's JSON reader drops a
+    BOM at the start of its buffer, so a block that starts with such a line is yielded with a
+    blank line before it (and a first line one lower): the reader then refuses the block, which
+    is parsed line by line, as it is wherever else the line falls."""
     if max_line_bytes is None:
         max_line_bytes = MAX_ROW_BYTES
     line = first_line
     rest = b""          # the start of a line whose end has not been read yet
     skipping = False    # inside a line already known to be too long
+    at_file_start = first_line == 1
     while True:
         chunk = stream.read(block_size)
         if not chunk:
             break
+        if at_file_start:
+            chunk = chunk[len(BOM):] if chunk.startswith(BOM) else chunk
+            at_file_start = False
         if skipping:
             end = chunk.find(b"\n")
             if end < 0:
@@ -86,7 +96,7 @@ def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: i
         cut = data.rfind(b"\n") + 1
         block, rest = data[:cut], data[cut:]
         if block:
-            yield from _without_long_lines(block, line, max_line_bytes)
+            yield from map(_bom_inside, _without_long_lines(block, line, max_line_bytes))
             line += int(np.count_nonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n")))
         if len(rest) > max_line_bytes:
             rest, skipping = b"", True
@@ -96,7 +106,14 @@ def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: i
         if len(rest) > max_line_bytes:
             yield _skipped(max_line_bytes), line
         else:
-            yield rest + b"\n", line
+            yield _bom_inside((rest + b"\n", line))
+
+
+def _bom_inside(piece: tuple[bytes, int]) -> tuple[bytes, int]:
+    """A (block, first line) that starts with a byte order mark as a blank line then the block
+    (see jsonl_blocks); any other unchanged."""
+    block, line = piece
+    return (b"\n" + block, line - 1) if block.startswith(BOM) else piece
 
 
 def _without_long_lines(block: bytes, first_line: int, limit: int) -> Iterator[tuple[bytes, int]]:

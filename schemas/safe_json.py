@@ -9,6 +9,10 @@ What a row may not do, and what each reader does instead (reject the row with th
   held in memory);
 - hold a lone UTF-16 surrogate (`"\\ud800"`): valid JSON, but not text, so it could be neither
   written to UTF-8 outputs nor matched by the regular expressions of the rule metrics;
+- start with a UTF-8 byte order mark (BOM) anywhere but at byte 0 of its file. The readers drop
+  the file's own BOM before any line is parsed (iter_lines, schemas.formats.jsonl_blocks,
+  schemas.retrieval_rows), so whether a line is a row never depends on how the file is split;
+  a BOM further on (files that each had one, joined) is a bad row (BOM_REASON);
 - slice on a value that is not finite (NaN, Infinity): JSON outputs cannot carry it
   (slice_value_problem), or on a value longer than MAX_SLICE_CHARS characters as JSON
   (schemas/limits.py: every record of the slice would carry it).
@@ -32,6 +36,8 @@ MAX_NESTING = 64
 # skipped without being read into memory whole).
 MAX_ROW_BYTES = 64 << 20
 BOM = b"\xef\xbb\xbf"
+BOM_REASON = ("the line starts with a UTF-8 byte order mark (U+FEFF), which is dropped only at "
+              "the start of a file (were files that each had one joined together?)")
 _OPEN = (ord("{"), ord("["))
 _CLOSE = (ord("}"), ord("]"))
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
@@ -92,16 +98,17 @@ def surrogate_reason(where: str) -> str:
 
 
 def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
-    """Parse one untrusted JSON line: (value, None), or (None, reason) for a line that is not
-    UTF-8 or not JSON, nests deeper than `limit`, or holds a lone surrogate. Blank input is not
-    a row; the callers skip it before.
+    """Parse one untrusted JSON line: (value, None), or (None, reason) for a line that starts
+    with a byte order mark (the reader has dropped the file's own), is not UTF-8 or not JSON,
+    nests deeper than `limit`, or holds a lone surrogate. Blank input is not a row; the callers
+    skip it before.
 
     The bytes are decoded strictly first: json.loads(bytes) decodes with "surrogatepass", which
     lets the UTF-8 form of a surrogate (ED A0 80) through as a lone surrogate."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if raw.startswith(BOM):
-        raw = raw[len(BOM):]
+        return None, BOM_REASON
     if too_deep(raw, limit):
         return None, f"JSON nested deeper than {limit} levels"
     try:
@@ -119,6 +126,23 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
         if where is not None:
             return None, surrogate_reason(where)
     return value, None
+
+
+def bom_lines(data: bytes, first_line: int, at_file_start: bool) -> list[int]:
+    """Numbers of the lines of `data` (whole lines, the first numbered first_line) that start
+    with a byte order mark, which loads_row rejects; at_file_start: data begins at byte 0 of its
+    file, whose own BOM is not a line's. For a reader whose fast path (Arrow's JSON reader)
+    drops a BOM at the start of each buffer it is given, so that it can reject those lines too."""
+    begin = len(BOM) if at_file_start and data.startswith(BOM) else 0
+    lines, line, counted = [], first_line, begin
+    position = data.find(BOM, begin)
+    while position >= 0:
+        if position == begin or data[position - 1] == ord("\n"):
+            line += data.count(b"\n", counted, position)
+            counted = position
+            lines.append(line)
+        position = data.find(BOM, position + len(BOM))
+    return lines
 
 
 def slice_value_problem(key: str, value) -> str | None:

@@ -13,9 +13,10 @@ import zlib
 
 import pytest
 
-from evalbeam.schemas.safe_json import (iter_lines, loads_row, lone_surrogate, nesting_depth,
-                               slice_value_problem, too_deep)
-from evalbeam.transforms.io import ReadError, open_input
+from evalbeam.schemas.safe_json import (BOM, BOM_REASON, bom_lines, iter_lines, loads_row,
+                                         lone_surrogate, nesting_depth, slice_value_problem,
+                                         too_deep)
+from evalbeam.transforms.io import ReadError, open_input, parse_rows
 
 
 def naive_depth(value) -> int:
@@ -55,7 +56,9 @@ def test_lone_surrogates_are_rejected_and_pairs_are_text():
     assert reason is None and value["response"] == "smile \U0001F600"
     assert lone_surrogate({"a": ["x", {"b": "\udfff"}]}) == "the value of 'b'"
     assert lone_surrogate({"\ud800": 1}) == "a key of the row"
-    assert loads_row(b"\xef\xbb\xbf" + b'{"a": 1}') == ({"a": 1}, None)     # BOM
+    # a BOM is dropped by the reader at byte 0 of a file only: one that starts a line is a bad row
+    assert loads_row(BOM + b'{"a": 1}') == (None, BOM_REASON)
+    assert loads_row('{"a": "\ufeffkept"}') == ({"a": "\ufeffkept"}, None)     # inside a string: text
 
 
 def test_slice_values_must_be_finite():
@@ -123,3 +126,27 @@ def test_the_utf8_form_of_a_surrogate_is_not_text():
     assert value is None and "not valid UTF-8" in reason
     value, reason = loads_row(b'{"response": "caf\xc3\xa9"}')
     assert reason is None and value["response"] == "caf\u00e9"
+
+
+def test_a_bom_is_dropped_at_byte_0_of_a_jsonl_file_only_however_it_is_split(tmp_path):
+    """Before the fix loads_row dropped a BOM at the start of any line, so a line 3 that starts
+    with one (files that each had one, joined) was a row. Now the file's own BOM (byte 0) is
+    dropped and line 3 is rejected, the same for every split of the file into two spans."""
+    lines = [BOM + b'{"id": 1}', b'{"id": 2}', BOM + b'{"id": 3}', b"{bad", BOM + BOM + b'{"id": 5}']
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(data)
+    expected = ([1, 2], [(3, BOM_REASON), (4, "malformed JSON"), (5, BOM_REASON)])
+    assert bom_lines(data, 1, True) == [3, 5]
+    assert bom_lines(data, 1, False) == [1, 3, 5]
+    assert bom_lines(BOM + BOM + b"{}\n", 1, True) == [1]
+    assert [line for line, _ in iter_lines(io.BytesIO(data), 100)] == [1, 2, 3, 4, 5]
+    for cut in [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")][:-1]:
+        first = 1 + data.count(b"\n", 0, cut)
+        spans = [(0, cut, 1), (cut, len(data), first)] if cut else [(0, None, 1)]
+        ids, rejected = [], []
+        for span in spans:
+            rows, _, bad = parse_rows(str(path), span=span)
+            ids += [row["id"] for row in rows]
+            rejected += [(line, reason.split(":")[0]) for line, _, reason in bad]
+        assert (ids, rejected) == expected, cut

@@ -24,7 +24,7 @@ from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
                                                   parse_jsonl_block, validate)
 from evalbeam.schemas.formats import SkippedLine, deep_lines, jsonl_blocks
 from evalbeam.schemas.arrow_tables import REASON
-from evalbeam.schemas.safe_json import nesting_depth
+from evalbeam.schemas.safe_json import BOM, BOM_REASON, nesting_depth
 
 GT, PRED = CLASSIFICATION_GROUNDTRUTH, CLASSIFICATION_PREDICTION
 DEEP = 100_000
@@ -209,6 +209,31 @@ def test_lone_surrogates_and_bom(monkeypatch):
     no_slow_path(monkeypatch)
     bom, bad = parse_jsonl_block(b"\xef\xbb\xbf" + jsonl([rows[0]]), 1, PRED, [])
     assert bom.num_rows == 1 and not bad
+
+
+def test_a_bom_is_dropped_at_byte_0_of_the_file_only_whatever_the_blocks(monkeypatch):
+    """Arrow's reader drops a BOM at the start of any block it reads, the line-by-line reader
+    rejects a line that starts with one: the file's BOM (byte 0) is dropped before either sees
+    it, and a block that starts with a BOM further on is still read line by line. Before the
+    fix line 3 was a row, and would still be one in a block of its own without the blank line
+    jsonl_blocks puts before it."""
+    rows = [jsonl([pred(f"d{i}", {"cat": 0.5})]) for i in range(5)]
+    data = BOM + rows[0] + b"{bad\n" + BOM + rows[2] + rows[3] + rows[4]
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    for cut in [0] + ends[:-1]:
+        for block_size in (16 << 20, 40, 7):
+            first = 1 + data.count(b"\n", 0, cut)
+            pieces = list(jsonl_blocks(io.BytesIO(data[:cut]), block_size)) if cut else []
+            pieces += list(jsonl_blocks(io.BytesIO(data[cut:]), block_size, first_line=first))
+            parsed = [parse_jsonl_block(block, line, PRED, []) for block, line in pieces]
+            uids = [uid for table, _ in parsed for uid in table.column("datum_uid").to_pylist()]
+            bad = [(line, reason.split(":")[0]) for _, rejects in parsed for line, reason in rejects]
+            assert uids == ["d0", "d3", "d4"] and bad == [(2, "malformed JSON"), (3, BOM_REASON)], \
+                (cut, block_size)
+    # a good block with the file's BOM still takes Arrow's path
+    no_slow_path(monkeypatch)
+    (block, line), = jsonl_blocks(io.BytesIO(BOM + rows[0] + rows[1]))
+    assert parse_jsonl_block(block, line, PRED, [])[0].num_rows == 2
 
 
 class CountingStream(io.BytesIO):

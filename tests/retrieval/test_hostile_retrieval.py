@@ -440,3 +440,34 @@ def test_bom_gives_the_same_metrics_for_any_input_split_bytes(tmp_path):
                   for r in read_jsonl(out / "metrics.jsonl") if not r["slice"]}
         assert values[("Queries", None)] == 291 and values[("MAP", None)] == 1.0, split
     assert metrics[0] == metrics[1] == metrics[2]
+
+
+def test_a_jsonl_line_that_starts_with_a_bom_is_a_bad_row_wherever_the_span_starts(tmp_path):
+    """JSONL qrels: the file's BOM (byte 0) is dropped; line 3 starts with one (files that each
+    had one, joined) and is rejected, also when a span starts at it, where Arrow's reader (the
+    parser's fast path) would drop it. Before the fix line 3 was a row, wherever it fell."""
+    import apache_beam as beam
+
+    from evalbeam.schemas.safe_json import BOM, BOM_REASON
+    from evalbeam.transforms.io import Source
+    from evalbeam.transforms.retrieval import ReadRetrievalFile
+
+    lines = [json.dumps({"query_id": f"q{i}", "doc_id": "d", "relevance": 1}).encode() for i in range(5)]
+    data = BOM + b"\n".join([lines[0], b"{bad", BOM + lines[2]] + lines[3:]) + b"\n"
+    path = tmp_path / "qrels.jsonl"
+    path.write_bytes(data)
+    reader = ReadRetrievalFile({"groundtruths": Source("groundtruths", str(path), (str(path),))}, 1, True, 0.0)
+    reader.setup()
+    for cut in [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")][:-1]:
+        first = 1 + data.count(b"\n", 0, cut)
+        spans = [(0, cut, 1), (cut, len(data), first)] if cut else [(0, len(data), 1)]
+        queries, rejected = [], []
+        for start, end, first_line in spans:
+            for out in reader.process(("groundtruths", 0, start, end, first_line)):
+                if isinstance(out, beam.pvalue.TaggedOutput):
+                    if out.tag == "rejected":
+                        rejected.append((out.value["line"], out.value["reason"].split(":")[0]))
+                else:
+                    queries += out[1][2].query.to_pylist()
+        assert sorted(queries) == ["q0", "q3", "q4"], cut
+        assert sorted(rejected) == [(2, "malformed JSON"), (3, BOM_REASON)], cut
