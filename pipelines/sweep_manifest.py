@@ -28,7 +28,7 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from evalbeam.pipelines.common import NAME, UsageError
+from evalbeam.pipelines.common import UsageError
 
 SWEEP_KEYS = {"bootstrap", "confidence", "bootstrap_seed", "baseline", "max_rejected_fraction",
               "headline"}
@@ -131,15 +131,30 @@ def _fill(text: str, values: dict, where: str, errors: list) -> str | None:
     return text.format(**values)
 
 
-def safe_name(name: str) -> bool:
-    """A dataset or model name is a folder of DIR/cells/<dataset>/<model>/: one plain path
-    component on every OS. Letters, digits, '_', '.', '-' only (no separator, no drive colon),
-    and not starting with '.': that refuses '.' and '..', which would put a cell's files in
-    cells/ or DIR itself (or above it), and hidden folders."""
-    return bool(NAME.match(name)) and not name.startswith(".")
+# one plain folder name on every OS and object store: ASCII letters, digits, '_', '.', '-' (so no
+# separator, drive colon, space, control character or any of <>:"|?*)
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+# device names Windows reserves, in any case, alone or before an extension ("nul.txt")
+WINDOWS_DEVICE = re.compile(r"(CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9])(\..*)?", re.IGNORECASE)
 
 
-NAME_RULE = "may hold only letters, digits, '_', '.', '-' and may not start with '.'"
+def name_problem(name: str) -> str | None:
+    """Why a dataset or model name cannot be a folder of DIR/cells/<dataset>/<model>/ on every
+    OS and object store, or None. '.', '..' and any name starting with '.' would put a cell's
+    files in cells/ or DIR itself (or above it), or hide them; Windows drops a trailing dot ('a.'
+    and 'a' would be one folder) and cannot create a folder named after a device (CON, NUL.txt,
+    com1)."""
+    if not PLAIN_NAME.fullmatch(name):
+        return ("may hold only letters, digits, '_', '.' and '-' (no space, control character, "
+                "separator or any of < > : \" | ? *)")
+    if name.startswith("."):
+        return "may not start with '.' ('.' and '..' are not folders of their own)"
+    if name.endswith("."):
+        return "may not end with '.' (Windows drops it, so 'a.' and 'a' would be one folder)"
+    if WINDOWS_DEVICE.fullmatch(name):
+        return ("is a device name on Windows (CON, PRN, AUX, NUL, COM0-COM9, LPT0-LPT9, in any "
+                "case, with or without an extension), which no folder there can have")
+    return None
 
 
 def _check_keys(table: dict, known: set, where: str, errors: list, lines: Lines, name: str,
@@ -216,9 +231,9 @@ def load(path: str) -> Manifest:
                 errors.append(f"{where}: needs {key} = \"...\"")
         name = d.get("name")
         if isinstance(name, str) and name:
-            if not safe_name(name):
-                errors.append(f"{where}: the name {name!r} {NAME_RULE} (it names the folder "
-                              "cells/<dataset>/)")
+            problem = name_problem(name)
+            if problem:
+                errors.append(f"{where}: the name {name!r} (the folder cells/<dataset>/) {problem}")
             elif name in seen_datasets:
                 errors.append(f"{where}: a dataset named {name!r} is already defined at line "
                               f"{seen_datasets[name]}")
@@ -237,9 +252,12 @@ def load(path: str) -> Manifest:
         name = m.get("name")
         if not isinstance(name, str) or not name:
             errors.append(f"{where}: needs name = \"...\"")
-        elif not safe_name(name) or name == "groundtruths":
-            errors.append(f"{where}: the name {name!r} {NAME_RULE} (it names the folder "
-                          "cells/<dataset>/<model>/), and is not 'groundtruths'")
+        elif name_problem(name):
+            errors.append(f"{where}: the name {name!r} (the folder cells/<dataset>/<model>/) "
+                          f"{name_problem(name)}")
+        elif name == "groundtruths":
+            errors.append(f"{where}: a model may not be named 'groundtruths' (the ground truths' "
+                          "name in every cell)")
         elif name in seen_models:
             errors.append(f"{where}: a model named {name!r} is already defined at line {seen_models[name]}")
         else:

@@ -106,13 +106,21 @@ def test_unknown_and_reserved_options(root, capsys):
     assert "set by the sweep" in sweep_fails(root, text, capsys)
 
 
-@pytest.mark.parametrize("dataset, model", [("..", ".."), (".", "resnet"), ("alpha", "."),
-                                            ("alpha", ".hidden"), ("..", "resnet"),
-                                            ("a/b", "resnet"), ("alpha", "a\\\\b"),
-                                            ("alpha", "c:x"), ("<x>", "resnet")])
-def test_names_that_are_not_one_plain_folder_are_refused(root, capsys, dataset, model):
+ONLY = "may hold only letters, digits, '_', '.' and '-'"
+LEADING = "may not start with '.'"
+
+
+@pytest.mark.parametrize("dataset, model, said", [
+    ("..", "..", LEADING), (".", "resnet", LEADING), ("alpha", ".", LEADING),
+    ("alpha", ".hidden", LEADING), ("..", "resnet", LEADING), ("a/b", "resnet", ONLY),
+    ("alpha", "a\\\\b", ONLY), ("alpha", "c:x", ONLY), ("<x>", "resnet", ONLY),
+    ("CON", "resnet", "is a device name on Windows"), ("alpha", "nul.txt", "is a device name on Windows"),
+    ("alpha.", "resnet", "may not end with '.'"), ("alpha", "resnet\\n", ONLY)])
+def test_names_that_are_not_one_plain_folder_are_refused(root, capsys, dataset, model, said):
     """Dataset and model names are folders of DIR/cells/<dataset>/<model>/: '..' twice once
-    wrote a cell's metrics.jsonl and run.json into the folder above --output."""
+    wrote a cell's metrics.jsonl and run.json into the folder above --output; names Windows
+    cannot create or folds into another (CON, nul.txt, 'alpha.') and a trailing newline (which
+    the old pattern's '$' let through) passed validate before."""
     from evalbeam.pipelines.sweep import run
 
     text = f"""
@@ -132,9 +140,25 @@ predictions = "{root}/alpha/resnet.jsonl"
         assert run(argv) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err
-        assert "may hold only letters, digits, '_', '.', '-' and may not start with '.'" in err
+        assert said in err, err
         assert not inner.exists()
     assert sorted(p.name for p in root.iterdir()) == ["alpha", "beta", "sweep.toml"]
+
+
+def test_the_name_rule_on_every_os_and_object_store():
+    from evalbeam.pipelines.sweep_manifest import name_problem
+
+    for good in ("alpha", "resnet-50", "v1.2", "a..b", "console", "COM10", "LPT", "nul_x", "CONx.txt",
+                 "auxiliary", "_x", "x-"):
+        assert name_problem(good) is None, good
+    for device in ("CON", "con", "Prn", "AUX", "nul", "NUL.txt", "com1", "COM9", "lpt1.tar.gz", "LPT9",
+                   "COM0", "aux.x.y"):
+        assert "device name on Windows" in name_problem(device), device
+    for bad in ("a<b", "a>b", "a:b", 'a"b', "a|b", "a?b", "a*b", "a b", "a\tb", "a\nb", "a\n",
+                "a\x7f", "a\x00", "a/b", "a\\b", "café", "a "):
+        assert "may hold only" in name_problem(bad), repr(bad)
+    assert "may not end with '.'" in name_problem("alpha.")
+    assert "may not start with '.'" in name_problem("..")
 
 
 def test_bad_option_value_is_the_tasks_message(root, capsys):
