@@ -230,6 +230,14 @@ def top_rejections(files: RunFiles, limit: int = 10, max_kinds: int = 10_000) ->
     return out
 
 
+def problem_items(problems) -> list[dict]:
+    """The Problems list of the overview: run.json's "problems" (or sweep.json's
+    "baseline_problems"), {"severity", "code", "message"} each, the message clipped. The
+    template escapes every field: messages quote paths, names and model output."""
+    return [{"severity": p.get("severity"), "code": p.get("code"), "message": clip(p.get("message"), 1000)}
+            for p in problems if isinstance(p, dict)]
+
+
 def run_overview(files: RunFiles) -> dict:
     info = files.info
     counts = info.get("counts") or {}
@@ -247,8 +255,7 @@ def run_overview(files: RunFiles) -> dict:
         "rows_read": fmt(info.get("rows_read")), "rows_rejected": fmt(info.get("rows_rejected")),
         "rows_evaluated": fmt(sum(c.get("rows_evaluated", 0) for c in counts.values())),
         "metrics_written": fmt(info.get("metrics_written")),
-        "problems": [{"severity": p.get("severity"), "code": p.get("code"), "message": clip(p.get("message"), 1000)}
-                     for p in info.get("problems", [])],
+        "problems": problem_items(info.get("problems", [])),
         "sources": sources, "inputs": inputs, "options": options,
         "versions": ", ".join(f"{k} {v}" for k, v in sorted((info.get("versions") or {}).items())),
         "rejections": top_rejections(files),
@@ -997,8 +1004,11 @@ def sweep_context(folder: str, info: dict | None = None, checks=None, baseline: 
                 blocks.append(charts.add(report_charts.metric_bars(bars, f"{columns[0]} per model", columns[0])))
         dataset_sections.append({"id": f"dataset-{n}", "model": str(dataset), "slice": "",
                                  "blocks": [b for b in blocks if b], "open": n < 4})
-    problems = [{"severity": "warning", "code": "leaderboard", "message": clip(p, 1000)}
-                for p in info.get("leaderboard_problems", [])]
+    # with --baseline, a baseline cell evaluated on other data (one problem per cell, its
+    # message naming the cell), as a run's page shows its baseline_data_differs
+    problems = problem_items(info.get("baseline_problems") or [])
+    problems += [{"severity": "warning", "code": "leaderboard", "message": clip(p, 1000)}
+                 for p in info.get("leaderboard_problems", [])]
     overview = {"task": "sweep", "status": info.get("status", "?"), "started_at": info.get("started_at", ""),
                 "wall_time": fmt(info.get("wall_time_seconds")), "runner": "",
                 "models": sorted({str(c.get("model")) for c in cells}),

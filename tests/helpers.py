@@ -65,3 +65,35 @@ def run_cli_subprocess(args: list[str], timeout: float = 600) -> subprocess.Comp
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "evalbeam.pipelines.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+
+
+def page_problems(html: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """((class, text) of each item of a report page's Problems list, <ul class="problems">;
+    the name of every element of the page), read as a browser builds its DOM: entities decoded,
+    so a message that held "<img ...>" is text here, and an element only if it was not escaped."""
+    from html.parser import HTMLParser
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.items, self.tags, self.inside = [], [], False
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "ul" and "problems" in (dict(attrs).get("class") or "").split():
+                self.inside = True
+            elif tag == "li" and self.inside:
+                self.items.append([dict(attrs).get("class") or "", ""])
+
+        def handle_endtag(self, tag):
+            if tag == "ul":
+                self.inside = False
+
+        def handle_data(self, data):
+            if self.inside and self.items:
+                self.items[-1][1] += data
+
+    page = Page()
+    page.feed(html)
+    page.close()
+    return [tuple(item) for item in page.items], page.tags

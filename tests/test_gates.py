@@ -11,7 +11,7 @@ import pytest
 
 from evalbeam.pipelines import comparison, gates as gating
 from evalbeam.pipelines.common import UsageError
-from helpers import MULTIPROCESS, ROOT, read_jsonl, run_classification
+from helpers import MULTIPROCESS, ROOT, page_problems, read_jsonl, run_classification
 
 INPUTS = ROOT / "tests" / "golden" / "inputs" / "classification"
 
@@ -550,7 +550,8 @@ def test_a_baseline_on_other_data_is_a_warning_and_fails_its_change_bounds(tmp_p
 
 def test_a_sweep_baseline_on_other_datums_of_the_same_count(tmp_path, capsys):
     """Two nights over as many datums but other ones: only the datum fingerprints of the cells'
-    leaderboard inputs tell; sweep.json's baseline_problems says so per cell."""
+    leaderboard inputs tell; sweep.json's baseline_problems says so per cell, and so does the
+    sweep's page (it did not list them before)."""
     from evalbeam.pipelines.sweep import run as sweep
 
     def manifest(data, name):
@@ -565,7 +566,8 @@ def test_a_sweep_baseline_on_other_datums_of_the_same_count(tmp_path, capsys):
     gates.write_text('[[gate]]\nmetric = "Accuracy"\nmodel = "a"\nmax_drop = 1.0\n')
     capsys.readouterr()
     code = sweep([str(manifest(golden_subset(tmp_path / "d2", 150, 300), "two.toml")),
-                  "--output", str(second), "--quiet", "--gates", str(gates), "--baseline", str(first)])
+                  "--output", str(second), "--quiet", "--gates", str(gates), "--baseline", str(first),
+                  "--report"])
     assert code == 5
     info = json.loads((second / "sweep.json").read_text())
     problems = info["baseline_problems"]
@@ -577,3 +579,6 @@ def test_a_sweep_baseline_on_other_datums_of_the_same_count(tmp_path, capsys):
     assert [c["verdict"] for c in checks] == ["baseline_differs"]
     assert read_jsonl(second / "comparison.jsonl")
     assert "evalbeam: warning: cell golden/a: the baseline" in capsys.readouterr().err
+    items, _ = page_problems((second / "report.html").read_text(encoding="utf-8"))
+    assert [text for _, text in items if "baseline_data_differs" in text] == \
+        [f"warning baseline_data_differs: {p['message']}" for p in problems]

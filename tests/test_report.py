@@ -13,7 +13,7 @@ import random
 import pytest
 
 from browser import load_page, png_is_blank, requires_chromium
-from helpers import MULTIPROCESS, ROOT, run_classification, write_jsonl
+from helpers import MULTIPROCESS, ROOT, page_problems, run_classification, write_jsonl
 
 GOLDEN = ROOT / "tests" / "golden" / "inputs"
 HOSTILE = ["<script>alert(1)</script>", "\"><img src=x onerror=alert(1)>", "javascript:alert(1)"]
@@ -201,6 +201,26 @@ min = 0.9
     p = open_report(out / "report.html", tmp_path)
     assert p["sections"][:3] == ["overview", "gates", "headline"]
     assert "Leaderboard" in p["text"] and "alpha" in p["text"] and "beta" in p["text"]
+
+
+def test_sweep_page_lists_the_baseline_problems_as_text(tmp_path):
+    """sweep.json's baseline_problems (a baseline cell evaluated on other data) are in the
+    page's Problems list, as a run's page lists its baseline_data_differs; their text (cell
+    names, the baseline's path, here hostile) is escaped. Before, the sweep page left them out."""
+    from evalbeam.pipelines import report
+
+    cells = [{"dataset": "golden", "model": m, "status": "complete", "ran": True} for m in ("a", "b")]
+    info = {"status": "complete", "cells": cells, "leaderboard_problems": ["few datums"]}
+    plain = report.render(report.sweep_context(str(tmp_path), info))
+    messages = [f"cell golden/{m}: the baseline /n/{HOSTILE[i]} was evaluated on other data than this run "
+                f"(datum ids: fingerprint {HOSTILE[2]})" for i, m in enumerate("ab")]
+    info["baseline_problems"] = [{"severity": "warning", "code": "baseline_data_differs", "message": text,
+                                  "cell": f"golden/{m}"} for m, text in zip("ab", messages)]
+    report.write_sweep_report(str(tmp_path), str(tmp_path / "report.html"), info=info)
+    items, tags = page_problems((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert items == [("warning", f"warning baseline_data_differs: {text}") for text in messages] + \
+        [("warning", "warning leaderboard: few datums")]
+    assert sorted(tags) == sorted(page_problems(plain)[1] + ["li", "code"] * 2)    # no element of theirs
 
 
 def test_report_command_on_a_finished_run(tmp_path, capsys):
