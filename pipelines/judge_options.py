@@ -257,10 +257,13 @@ def onnx_file_problem(stream) -> str | None:
     weights must decode as onnx's ModelProto (random bytes fail here), and its graph must take
     input_ids and give an output. Weights kept in other files (ONNX external data) are refused:
     the workers read model.onnx alone. A file that passes may still use an operator ONNX
-    Runtime lacks, or be a graph of the wrong kind: those fail each datum (model_error)."""
+    Runtime lacks, or be a graph of the wrong kind: those fail each datum (model_error). A stream
+    that cannot seek is not checked (None)."""
     import onnx
     from google.protobuf.message import DecodeError
 
+    if not stream.seekable():   # no filesystem of Beam's gives one; never refuse a model unread
+        return None
     stream.seek(0, 2)
     size = stream.tell()
     stream.seek(0)

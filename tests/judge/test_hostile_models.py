@@ -202,6 +202,12 @@ def test_the_model_file_check_reads_around_the_weights(tmp_path):
     assert onnx_file_problem(Counted(data)) is None
     assert Counted.taken < 5000 < len(data) // 100, (Counted.taken, len(data))
 
+    class Unseekable(io.BytesIO):
+        def seekable(self):
+            return False
+
+    assert onnx_file_problem(Unseekable(b"not a model")) is None     # not checked, never refused
+
 
 class _Echo(BaseHTTPRequestHandler):
     """A TEI-shaped classifier that answers with the Authorization header it was sent."""
