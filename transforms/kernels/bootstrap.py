@@ -53,6 +53,10 @@ REPLICATES = "_replicates"    # [R] replicate values of the record's scalar "val
 PROPORTION = "_proportion"    # [successes, trials]: the value is a proportion over datums
 
 
+# uint64 draws held at once by poisson_weights (8 MB)
+_DRAW_BLOCK = 1 << 20
+
+
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     x = np.asarray(x, dtype=np.uint64)
@@ -95,18 +99,22 @@ class Bootstrap:
 
 def poisson_weights(datum_hashes, replicates: int, seed: int = 0) -> np.ndarray:
     """uint8[replicates, n] Poisson(1) weights of the datums with these uint64 hashes; see the
-    module docstring for the generator. Memory: one byte per (replicate, datum) plus a uint64
-    row being drawn."""
+    module docstring for the generator. Memory: one byte per (replicate, datum) plus at most
+    _DRAW_BLOCK uint64 values being drawn. Replicates are drawn several rows at a time when n is
+    small, so that a shard of a few hundred datums does not pay numpy's per-call cost per row."""
     hashes = np.asarray(datum_hashes, dtype=np.uint64).ravel()
     out = np.empty((replicates, hashes.size), dtype=np.uint8)
     if not hashes.size or not replicates:
         return out
+    rows = max(1, _DRAW_BLOCK // hashes.size)
     with np.errstate(over="ignore"):
         key = splitmix64(hashes ^ splitmix64(np.uint64(seed)))
-        for r in range(replicates):
-            u = splitmix64(key + np.uint64(r + 1) * _GOLDEN)
+        for start in range(0, replicates, rows):
+            stop = min(start + rows, replicates)
+            counters = np.arange(start + 1, stop + 1, dtype=np.uint64)[:, None] * _GOLDEN
+            u = splitmix64(key[None, :] + counters)
             uniform = (u >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-            out[r] = np.searchsorted(_POISSON_CDF, uniform, side="right")
+            out[start:stop] = np.searchsorted(_POISSON_CDF, uniform, side="right")
     return out
 
 
