@@ -66,6 +66,39 @@ def test_rouge_equals_rouge_score(seed, use_stemmer):
             assert ours[rouge_type] == (s.precision, s.recall, s.fmeasure), (rouge_type, prediction, references)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_summary_level_lcs_equals_rouge_score_on_many_lines(seed):
+    """Multi-line texts over three words: many equal-length LCS paths, so the walk back
+    through the table must pick the same tokens as rouge-score's for the union to agree."""
+    from rouge_score.rouge_scorer import _summary_level_lcs
+
+    from evalbeam.transforms.kernels.text_overlap import summary_level_lcs
+
+    rng = random.Random(seed)
+
+    def sentences():
+        return [[rng.choice("abc") for _ in range(rng.choice([0, 1, rng.randint(2, 12)]))]
+                for _ in range(rng.choice([0, 1, rng.randint(2, 6)]))]
+
+    for _ in range(400):
+        references, candidates = sentences(), sentences()
+        theirs = _summary_level_lcs(references, candidates)
+        assert summary_level_lcs(references, candidates) == \
+            (theirs.precision, theirs.recall, theirs.fmeasure), (references, candidates)
+
+
+def test_rouge_without_stemming_does_not_import_nltk():
+    """nltk (and through it scipy and scikit-learn, when installed) costs seconds per worker
+    process; only --rouge_use_stemmer needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from evalbeam.transforms.kernels.text_overlap import rouge; "
+            "rouge('a b\\nc d', ['a c\\nb d', 'x']); print('nltk' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def test_rouge_without_references_and_bad_types():
     assert rouge("a b", []) == {t: (0.0, 0.0, 0.0) for t in ROUGE_TYPES}
     assert set(rouge("a b", ["a"], ("rouge3",))) == {"rouge3"}

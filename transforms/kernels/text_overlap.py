@@ -6,7 +6,8 @@ for several references (per ROUGE type, the reference with the highest F-measure
 ties). Two things are done once instead of once per reference and per type: tokenising the
 response, and the LCS table: rougeL only needs the LCS *length*, computed here bit-parallel
 (Hyyro's algorithm, exact), and a rougeLsum whose two texts are single lines equals rougeL (one
-sentence each: the union LCS is the LCS). Multi-line rougeLsum is rouge-score's own function.
+sentence each: the union LCS is the LCS). Multi-line rougeLsum is the summary-level union LCS,
+written here (summary_level_lcs) so that a run without stemming never imports nltk.
 Sentences for rougeLsum are the text's lines (rouge-score's default rule, no downloaded data).
 
 Sentence BLEU is nltk's sentence_bleu without smoothing, on Valor's tokens (the regular expression
@@ -34,8 +35,23 @@ BLEU_ORDER = 4
 _VALOR_TOKENS = re.compile(r"\w+|\$[\d]+|[^\s\.]+")
 
 
+class _UnstemmedTokenizer:
+    """rouge-score's DefaultTokenizer(use_stemmer=False): its own tokenize function without a
+    stemmer. rouge_score.tokenizers imports nltk for the Porter stemmer, and nltk imports scipy
+    and scikit-learn when they are installed: 1.4 to 3.3 s per worker process (measured), paid
+    by every run that asks for ROUGE without stemming, which is the default."""
+
+    @staticmethod
+    def tokenize(text: str) -> list[str]:
+        from rouge_score.tokenize import tokenize
+
+        return tokenize(text, None)
+
+
 @lru_cache(maxsize=2)
 def _rouge_tokenizer(use_stemmer: bool):
+    if not use_stemmer:
+        return _UnstemmedTokenizer()
     from rouge_score.tokenizers import DefaultTokenizer
 
     return DefaultTokenizer(use_stemmer)
@@ -82,12 +98,59 @@ class _Text:
         return [self.tokenizer.tokenize(s) for s in self.text.split("\n") if len(s)]
 
 
+def _lcs_positions(a: list, b: list) -> list[int]:
+    """The positions in `a` of one longest common subsequence of a and b: the one found by
+    walking the LCS table back from its last cell, taking a token pair when the tokens are
+    equal, else stepping along b when that keeps a longer LCS than stepping along a, and along a
+    otherwise (the path rouge-score's summary-level LCS takes, which decides which tokens of a
+    the union below counts). O(len(a) len(b)) time and memory: sentences are short."""
+    rows, cols = len(a), len(b)
+    table = [[0] * (cols + 1) for _ in range(rows + 1)]
+    for i in range(1, rows + 1):
+        above, here, token = table[i - 1], table[i], a[i - 1]
+        for j in range(1, cols + 1):
+            here[j] = above[j - 1] + 1 if token == b[j - 1] else max(above[j], here[j - 1])
+    positions, i, j = [], rows, cols
+    while i > 0 and j > 0:
+        if a[i - 1] == b[j - 1]:
+            positions.append(i - 1)
+            i, j = i - 1, j - 1
+        elif table[i][j - 1] > table[i - 1][j]:
+            j -= 1
+        else:
+            i -= 1
+    return positions[::-1]
+
+
+def summary_level_lcs(references: list[list], candidates: list[list]) -> tuple[float, float, float]:
+    """rougeLsum of two multi-sentence texts (lists of token lists), Lin (2004) section 3.2:
+    for each reference sentence r, the union over candidate sentences c of the tokens of r in
+    LCS(r, c); a token of the union is a hit while both texts still have an unused occurrence
+    of it (each occurrence counts once). P = hits / candidate tokens, R = hits / reference
+    tokens, F their harmonic mean; zeros when either text has no token. Equal, value for value,
+    to rouge-score's summary-level LCS (tests/text/test_text_overlap.py), without importing
+    rouge_score.rouge_scorer, which imports nltk."""
+    m = sum(len(r) for r in references)
+    n = sum(len(c) for c in candidates)
+    if not m or not n:
+        return 0.0, 0.0, 0.0
+    left_r = Counter(t for r in references for t in r)
+    left_c = Counter(t for c in candidates for t in c)
+    hits = 0
+    for r in references:
+        union = sorted(set().union(*(_lcs_positions(r, c) for c in candidates)))
+        for token in (r[i] for i in union):
+            if left_r[token] > 0 and left_c[token] > 0:
+                hits += 1
+                left_r[token] -= 1
+                left_c[token] -= 1
+    precision, recall = hits / n, hits / m
+    return precision, recall, _fmeasure(precision, recall)
+
+
 def _score(target: _Text, prediction: _Text, rouge_type: str) -> tuple[float, float, float]:
     if rouge_type == "rougeLsum" and (target.multiline or prediction.multiline):
-        from rouge_score.rouge_scorer import _summary_level_lcs
-
-        s = _summary_level_lcs(target.sentences(), prediction.sentences())
-        return s.precision, s.recall, s.fmeasure
+        return summary_level_lcs(target.sentences(), prediction.sentences())
     if rouge_type in ("rougeL", "rougeLsum"):
         if not target.tokens or not prediction.tokens:
             return 0.0, 0.0, 0.0
