@@ -14,7 +14,7 @@ from importlib import metadata
 
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_GATES = 0, 1, 2, 3, 4, 5
-NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")   # used with fullmatch: "$" would let a final newline in
 SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
 
 
@@ -53,13 +53,13 @@ def parse_optional_number(text: str, what: str, kind: type, low: float, high: fl
 def parse_model_spec(spec: str) -> tuple[str, str]:
     """'NAME=PATH' or 'PATH' -> (name, pattern); a bare PATH is named after its file stem."""
     head, sep, tail = spec.partition("=")
-    if sep and NAME.match(head) and tail:
+    if sep and NAME.fullmatch(head) and tail:
         return head, tail
     stem = os.path.basename(spec.rstrip("/"))
     for suffix in (".gz", ".jsonl", ".ndjson", ".json", ".parquet", ".pq"):
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
-    if not NAME.match(stem):
+    if not NAME.fullmatch(stem):
         raise UsageError(f"cannot name the model of {spec!r} after its file; write NAME={spec}")
     return stem, spec
 

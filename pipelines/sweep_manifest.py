@@ -39,7 +39,7 @@ TOP_KEYS = {"sweep", "judge", "dataset", "model", "cell", "gate"}
 # options a cell may not set: the sweep sets them (inputs, output folder, comparisons, intervals)
 RESERVED = {"groundtruths", "predictions", "output", "overwrite", "quiet", "compare_to",
             "bootstrap", "confidence", "bootstrap_seed", "max_rejected_fraction"}
-OPTION_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+OPTION_NAME = re.compile(r"[a-z][a-z0-9_]*")   # with fullmatch: "$" lets a final newline in
 
 
 class ManifestError(UsageError):
@@ -211,7 +211,7 @@ def load(path: str) -> Manifest:
         judge = {}
     _check_keys(sweep, SWEEP_KEYS, "[sweep]", errors, lines, "sweep", None)
     for key, value in judge.items():
-        if not OPTION_NAME.match(key) or key.startswith("judge_"):
+        if not OPTION_NAME.fullmatch(key) or key.startswith("judge_"):
             errors.append(f"[judge] (line {lines.of('judge', None, key)}): {key!r} is not a judge "
                           "setting; write the option --judge_NAME as NAME (e.g. url, model, rpm)")
     datasets = _array(data, "dataset", errors)
@@ -388,7 +388,7 @@ def option_args(options: dict, parser, where: str) -> list[str]:
     args: list[str] = []
     for name, value in options.items():
         flag = f"--{name}"
-        if not OPTION_NAME.match(name) or flag not in actions:
+        if not OPTION_NAME.fullmatch(name) or flag not in actions:
             raise UsageError(f"{where}: unknown option {name!r} for this task (see evalbeam "
                              f"<task> --help; write --some_option as some_option)")
         if name in RESERVED:

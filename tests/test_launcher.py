@@ -85,3 +85,15 @@ def test_the_dask_runner_by_its_short_name(monkeypatch):
     assert with_runner_paths(["--runner", "daskrunner"]) == ["--runner", DASK_RUNNER]
     assert split_beam_args(["--runner=DaskRunner", "--dask_client_address", "tcp://127.0.0.1:1"]) == \
         [f"--runner={DASK_RUNNER}", "--dask_client_address", "tcp://127.0.0.1:1"]
+
+
+def test_a_model_name_is_the_whole_name_never_one_with_a_final_newline():
+    from evalbeam.pipelines.common import UsageError, parse_model_spec
+
+    assert parse_model_spec("good=/data/p.jsonl") == ("good", "/data/p.jsonl")
+    assert parse_model_spec("/data/model-b.jsonl.gz") == ("model-b", "/data/model-b.jsonl.gz")
+    # not a NAME=PATH: the whole text is a path, named after its file (a missing one, later)
+    assert parse_model_spec("good\n=/data/p.jsonl") == ("p", "good\n=/data/p.jsonl")
+    for spec in ("/data/p\n.jsonl", "/data/é.jsonl", "good\n"):
+        with pytest.raises(UsageError, match="write NAME="):
+            parse_model_spec(spec)
