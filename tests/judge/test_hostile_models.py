@@ -178,7 +178,7 @@ def test_the_model_file_check_reads_around_the_weights(tmp_path):
     file; it reads none of a weight's bytes."""
     import io
 
-    from evalbeam.pipelines.judge_options import onnx_file_problem
+    from evalbeam.transforms.judge.onnx_file import onnx_file_problem
     from tiny_models import write_tiny_causal_lm
 
     for path in sorted((Path(__file__).parent.parent / "reference_models").glob("*/model.onnx")):
