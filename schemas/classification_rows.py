@@ -10,7 +10,9 @@ scikit-learn's integer class labels need no conversion: 3 and "3" are the same l
 format. Other non-strings (3.0, true, objects) are rejected with a reason that says how to write
 them. Scores are numbers. A key or value is at most MAX_LABEL_CHARS (1,024) characters, an integer
 counting its decimal digits; a longer one rejects its row in every format (check_row for rows
-parsed one by one, validate for Arrow's tables) and never reaches the label names.
+parsed one by one, validate for Arrow's tables) and never reaches the label names. A datum_uid is
+at most MAX_UID_CHARS (4,096) characters, checked the same way; a longer one is never copied
+into a reject, a shard piece or an example list.
 
 JSONL is parsed a block at a time (schemas.formats.jsonl_blocks) by Arrow's multi-threaded JSON
 reader. Arrow must never see a line nested deeper than schemas.safe_json.MAX_NESTING (its reader
@@ -49,9 +51,10 @@ from evalbeam.schemas.arrow_tables import (POSITION, REASON, SLICE_PREFIX, metad
 from evalbeam.schemas.formats import (SkippedLine, deep_lines, is_utf8, nonblank_line_numbers,
                                       not_utf8_reason, scan_lines, too_long_reason)
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import MAX_LABEL_CHARS, label_length_problem
-from evalbeam.schemas.safe_json import (MAX_NESTING, lone_surrogate, loads_row, slice_value_problem,
-                                        surrogate_reason)
+from evalbeam.schemas.limits import (MAX_LABEL_CHARS, MAX_UID_CHARS, label_length_problem,
+                                     uid_length_problem)
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, lone_surrogate, loads_row,
+                                        slice_value_problem, surrogate_reason)
 
 
 LABEL = pa.struct([("key", pa.string()), ("value", pa.string())])
@@ -135,17 +138,21 @@ def score_problem(score) -> str | None:
 def check_row(row, scored: bool, slice_keys=()) -> str | None:
     """Why a parsed JSON row does not have the shape of a classification row, or None.
 
-    Shape only: a string datum_uid, a list of label objects with a key and a value (text or
-    integer, see label_text_problem, of at most MAX_LABEL_CHARS characters) and, when `scored`, a
-    numeric score; and, for each of `slice_keys`, a metadata value that can name a slice (no NaN
-    or infinity, at most MAX_SLICE_CHARS characters as JSON). Within a label, the types of key,
-    value and score are checked before the lengths of key and value. Meaning (non-empty, score
-    range, duplicates) is checked later, on the whole batch at once."""
+    Shape only: a string datum_uid of at most MAX_UID_CHARS characters, a list of label objects
+    with a key and a value (text or integer, see label_text_problem, of at most MAX_LABEL_CHARS
+    characters) and, when `scored`, a numeric score; and, for each of `slice_keys`, a metadata
+    value that can name a slice (no NaN or infinity, at most MAX_SLICE_CHARS characters as
+    JSON). Within a label, the types of key, value and score are checked before the lengths of
+    key and value. Meaning (non-empty, score range, duplicates) is checked later, on the whole
+    batch at once."""
     if not isinstance(row, dict):
         return f"row must be a JSON object, got {type(row).__name__}"
     uid = row.get("datum_uid")
     if uid is not None and not isinstance(uid, str):
         return _type_error("datum_uid", "a string", uid)
+    problem = uid_length_problem("datum_uid", len(uid)) if uid is not None else None
+    if problem:
+        return problem
     labels = row.get("labels")
     if labels is not None:
         if not isinstance(labels, list):
@@ -253,6 +260,11 @@ def parse_jsonl_block(block: bytes, first_line: int, schema: pa.Schema, slice_ke
     if deep_lines(block, MAX_NESTING, scanned).size:   # Arrow's reader could overflow its stack
         return _parse_slowly(block, first_line, schema, slice_keys, scored)
     if not is_utf8(block):   # Arrow's reader passes bytes that are not UTF-8 into its strings
+        return _parse_slowly(block, first_line, schema, slice_keys, scored)
+    if block.find(b"\n" + BOM) >= 0:
+        # a line that starts with a byte order mark is a bad row (loads_row), but Arrow's reader
+        # drops the mark when the line starts one of its own inner blocks (a block that starts
+        # with one comes from jsonl_blocks with a blank line first)
         return _parse_slowly(block, first_line, schema, slice_keys, scored)
     lines = nonblank_line_numbers(block, first_line, scanned)
     table = _read_fast(block, schema, slice_keys)
@@ -622,7 +634,9 @@ def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None
              ) -> tuple[LabelRows, list[tuple[int, str | None, str]]]:
     """Split a normalised table into valid rows and rejects [(position, datum_uid, reason)].
 
-    A row is rejected, with the first reason that applies, when: the reader named a problem in
+    A row is rejected, with the first reason that applies, when: its datum_uid is longer than
+    MAX_UID_CHARS characters (first, as check_row checks it first: a reader's reasons are about
+    labels and slices, or a uid that is not UTF-8 and is then null); the reader named a problem in
     the table's `__reason` column; a label key or value is longer than MAX_LABEL_CHARS
     characters (the first such label, key before value); it holds more than max_labels labels
     (None: no bound); its datum_uid is missing or empty; its labels are missing; a label has no
@@ -640,9 +654,13 @@ def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None
         for row in np.flatnonzero(mask & (reason == None)):  # noqa: E711 (object array)
             reason[row] = text(row) if callable(text) else text
 
+    uid_length = np.asarray(pc.utf8_length(uid).fill_null(0), dtype=np.int64)
+    long_uid = uid_length > MAX_UID_CHARS
+    flag(long_uid, lambda r: uid_length_problem("datum_uid", int(uid_length[r])))
     if REASON in table.column_names:
         found = _combine(table.column(REASON))
-        reason[:] = np.asarray(found.to_numpy(zero_copy_only=False), dtype=object)
+        found = np.asarray(found.to_numpy(zero_copy_only=False), dtype=object)
+        reason[:] = np.where(long_uid, reason, found)
     labels = _without_long_names(labels, flag)
     if max_labels is not None:
         n_labels = np.asarray(pc.list_value_length(labels).fill_null(0), dtype=np.int64)
@@ -698,7 +716,9 @@ def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None
                 f"key {key[first_dup[r]].as_py()!r} has more than one ground-truth value"))
 
     bad = reason != None  # noqa: E711
-    rejects = [(int(position[r]), uid[r].as_py(), reason[r]) for r in np.flatnonzero(bad)]
+    # a uid too long is not copied out of the table: its reject names its length instead
+    rejects = [(int(position[r]), None if long_uid[r] else uid[r].as_py(), reason[r])
+               for r in np.flatnonzero(bad)]
     keep = np.flatnonzero(~bad)
     keep_labels = np.flatnonzero(~bad[label_row]) if len(flat) else np.zeros(0, np.int64)
     new_row = np.cumsum(~bad) - 1

@@ -22,7 +22,8 @@ import pyarrow as pa
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_LABEL_CHARS, label_length_problem
+from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_LABEL_CHARS, MAX_UID_CHARS,
+                                     label_length_problem, uid_length_problem)
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -215,7 +216,8 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
 
     Ground truth (scored=False) gives ImageRows (one image per datum, slice values from
     metadata); predictions give a RowIndex. A row is rejected as a whole when it is not an
-    object, its datum_uid is missing or empty, its annotations are missing or not a list, one
+    object, its datum_uid is missing, empty or longer than MAX_UID_CHARS characters (then left
+    out of the reject: reject() drops it), its annotations are missing or not a list, one
     annotation is invalid (the reason names it by its 0-based index: "annotation 2: ..."; a label
     longer than MAX_LABEL_CHARS characters is invalid), or a slice value is not finite or longer
     than MAX_SLICE_CHARS characters as JSON. geometry "polygon" reads the "polygon" of each
@@ -228,6 +230,8 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
             problem = "row must be a JSON object"
         elif not isinstance(uid, str) or not uid:
             problem = "missing or empty datum_uid"
+        elif len(uid) > MAX_UID_CHARS:
+            problem = uid_length_problem("datum_uid", len(uid))
         elif not isinstance(row.get("annotations"), list):
             problem = "missing annotations"
         else:

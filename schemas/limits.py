@@ -3,7 +3,8 @@ worker's memory, and the messages that name the option raising each bound.
 
 A row beyond a bound is rejected with a reason (never allocated, never a crash); the tasks'
 options (`--max_image_pixels`, ...) raise the bounds for inputs that really are that large. The
-bounds on names that end up in metric records (MAX_LABEL_CHARS, MAX_SLICE_CHARS) have no option.
+bounds on names that end up in metric records (MAX_LABEL_CHARS, MAX_SLICE_CHARS) and on the ids
+that outputs repeat (MAX_UID_CHARS) have no option.
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ MAX_LABEL_CHARS = 1_024
 # MAX_LABEL_CHARS (one 50 MB slice value: a 1.6 GB metrics.jsonl and a 7.8 GB peak). Quotes and
 # escapes count: the string "eu" is 4 characters.
 MAX_SLICE_CHARS = 1_024
+# Characters of one id that outputs write out: a datum_uid (classification, detection,
+# segmentation, text) and a retrieval query id. An id is written once per score row of its datum
+# (every metric of every model: scores.jsonl), per per-query record, in the example lists of
+# classification's confusion-matrix records and detection's curves, and in rejected.jsonl, and
+# every shard piece of its rows carries it: one 50 MB datum_uid in a 52-row text input made a
+# 0.5 GB scores.jsonl and a 1.7 GB peak, and in a 403-row classification input with
+# --max_examples 1000 a 1.15 GB metrics.jsonl and a 9.3 GB peak. 4,096 is Linux's PATH_MAX, so a
+# local path, a URL or an object-store URI used as the id fits (gs:// and s3:// object names are
+# at most 1,024 bytes, bucket names at most 222 characters); hashes, UUIDs and database keys are
+# far shorter. An id at the bound costs a score row about 4 KB, the order of the row's own text.
+# No option raises it: a longer id is the datum's text or a mistake, and a hash of it is the fix.
+# Retrieval's document ids are not bounded: no output repeats them (pipelines/retrieval.md).
+MAX_UID_CHARS = 4_096
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,16 @@ def label_length_problem(what: str, length: int, limit: int = MAX_LABEL_CHARS) -
         return None
     return (f"{what} is {length:,} characters long, more than the limit of {limit:,} for a label "
             "(it would be copied into every metric record of its label): use a shorter name")
+
+
+def uid_length_problem(what: str, length: int, limit: int = MAX_UID_CHARS) -> str | None:
+    """Why an id of `length` characters is not evaluated (what: "datum_uid", "query_id"), or None
+    when length <= limit. The reason gives the length, never the text."""
+    if length <= limit:
+        return None
+    return (f"{what} is {length:,} characters long, more than the limit of {limit:,} for an id "
+            "(outputs would repeat it in every score, example or per-query record of its row): "
+            "use a shorter id, such as a hash of it")
 
 
 def slice_length_reason(key: str, limit: int = MAX_SLICE_CHARS) -> str:

@@ -19,9 +19,11 @@ transforms.kernels.retrieval.encode_ids to turn the ids into the kernel's codes.
 
 Rejects: [(line, reason)] sorted by line, for lines that are not rows: wrong field count,
 relevance not an integer (or out of int64), score not a number or not finite, id not UTF-8 or
-empty (JSONL), and for JSONL lines: malformed JSON, JSON nested deeper than MAX_NESTING levels,
-a lone UTF-16 surrogate anywhere in the row (schemas/safe_json.py), a line longer than
-MAX_ROW_BYTES. A bad line never stops the read.
+empty (JSONL), a query id longer than MAX_UID_CHARS characters (schemas/limits.py: outputs write
+it per query; document ids are not bounded, as no output repeats them), and for JSONL lines:
+malformed JSON, JSON nested deeper than MAX_NESTING levels, a lone UTF-16 surrogate anywhere in
+the row, a line past byte 0 of its file that starts with a UTF-8 byte order mark
+(schemas/safe_json.py), a line longer than MAX_ROW_BYTES. A bad line never stops the read.
 
 Duplicates: a (query, doc) pair may occur once per source (the qrels, or one model's run);
 every copy of a repeated pair is rejected (trec_eval would stop on them; keeping one would be
@@ -36,9 +38,11 @@ spaces (or single tabs), the common case, is parsed by Arrow's multi-threaded CS
 JSONL block by Arrow's JSON reader. Any block that path cannot take exactly (other whitespace,
 a parse error, an empty field, a non-finite score, a missing key, ...) is parsed again line by
 line in Python, which is the reference behaviour: the fast path only ever accepts blocks on
-which it agrees with the slow one. A JSONL block with an escaped UTF-16 surrogate or a line of
-more than MAX_NESTING opening brackets never reaches Arrow's parser (it would accept the first
-and may overflow its stack on the second). Duplicates are found with one 64-bit hash per row,
+which it agrees with the slow one. A JSONL block with an escaped UTF-16 surrogate, a line of
+more than MAX_NESTING opening brackets or a line that starts with a byte order mark never reaches
+Arrow's parser (it would accept the first, may overflow its stack on the second and drops the
+mark of the third when the line starts one of its inner blocks). The fast paths reject a query id
+too long themselves, as the slow ones do. Duplicates are found with one 64-bit hash per row,
 sorted, and confirmed by comparing the strings of the few rows whose hashes collide.
 """
 
@@ -50,9 +54,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
+from evalbeam.schemas.limits import MAX_UID_CHARS, uid_length_problem
 from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, MAX_ROW_BYTES, lone_surrogate,
                                          loads_row, slice_value_problem, surrogate_reason)
 from evalbeam.schemas.slices import canonical_json
@@ -232,7 +238,8 @@ def _trec_fast(data: bytes, start: int, end: int, first_line: int, kind: str) ->
     if kind == "run" and not np.isfinite(value).all():
         return None
     line = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)
-    return table.column("query"), table.column("doc"), value, line, []
+    return _without_long_queries(table.column("query"), table.column("doc"), value, line,
+                                 "query id")
 
 
 def _trec_slow(block: bytes, first_line: int, kind: str) -> _Block:
@@ -250,6 +257,10 @@ def _trec_slow(block: bytes, first_line: int, kind: str) -> _Block:
             query, doc = fields[0].decode("utf-8"), fields[2].decode("utf-8")
         except UnicodeDecodeError:
             rejects.append((number, "query or doc id is not valid UTF-8"))
+            continue
+        problem = uid_length_problem("query id", len(query))
+        if problem:
+            rejects.append((number, problem))
             continue
         if kind == "qrels":
             value, problem = _parse_relevance(fields[3])
@@ -327,8 +338,14 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
+    """Arrow's JSON reader on data[start:end] (whole lines), or None when that could differ from
+    the line-by-line reader (_jsonl_slow)."""
     value_name, value_type = _JSON_VALUE[kind]
     schema = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), (value_name, value_type)])
+    if data.startswith(BOM, start) or data.find(b"\n" + BOM, start, end) >= 0:
+        # Arrow's reader drops a BOM at the start of its buffer and of its own inner blocks;
+        # past byte 0 of a file (dropped by _read) a line that starts with one is a bad row
+        return None
     block = memoryview(data)[start:end]
     # A surrogate escape may be a lone one, which Arrow would accept (the row must be rejected);
     # a backslash is rare in ids, so the pattern is looked for only when there is one.
@@ -356,7 +373,26 @@ def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -
     value = _numbers(table.column(value_name), np.int64 if kind == "qrels" else np.float64)
     if kind == "run" and not np.isfinite(value).all():
         return None
-    return table.column("query_id"), table.column("doc_id"), value, lines, []
+    return _without_long_queries(table.column("query_id"), table.column("doc_id"), value, lines,
+                                 "query_id")
+
+
+def _without_long_queries(query: pa.ChunkedArray, doc: pa.ChunkedArray, value: np.ndarray,
+                          line: np.ndarray, what: str) -> _Block:
+    """A block of the fast paths without its rows whose query id is longer than MAX_UID_CHARS
+    characters, each rejected as the line-by-line readers reject it (what: the id's name in the
+    reason). Every other row of such a block is valid (or the fast path would have given up), so
+    both readers agree. Byte lengths (from the offsets) rule out the usual block at once; the
+    characters are counted only when an id has more bytes than the bound has characters."""
+    if string_lengths(query)[1] <= MAX_UID_CHARS:
+        return query, doc, value, line, []
+    length = np.concatenate([np.asarray(c, np.int64) for c in pc.utf8_length(query).chunks]
+                            + [np.zeros(0, np.int64)])
+    long = length > MAX_UID_CHARS
+    rejects = [(int(line[i]), uid_length_problem(what, int(length[i])))
+               for i in np.flatnonzero(long).tolist()]
+    keep = pa.array(~long)
+    return query.filter(keep), doc.filter(keep), value[~long], line[~long], rejects
 
 
 def _bracket_heavy(buf: np.ndarray, newlines: np.ndarray, squares: bool) -> bool:
@@ -472,6 +508,8 @@ def _json_row_problem(row, kind: str, value_name: str) -> str | None:
             row[key].encode("utf-8")
         except UnicodeEncodeError:
             return f"{key} is not valid UTF-8"
+        if key == "query_id" and len(row[key]) > MAX_UID_CHARS:
+            return uid_length_problem(key, len(row[key]))
     value = row.get(value_name)
     if value is None:
         return f"missing {value_name}"

@@ -128,23 +128,6 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
     return value, None
 
 
-def bom_lines(data: bytes, first_line: int, at_file_start: bool) -> list[int]:
-    """Numbers of the lines of `data` (whole lines, the first numbered first_line) that start
-    with a byte order mark, which loads_row rejects; at_file_start: data begins at byte 0 of its
-    file, whose own BOM is not a line's. For a reader whose fast path (Arrow's JSON reader)
-    drops a BOM at the start of each buffer it is given, so that it can reject those lines too."""
-    begin = len(BOM) if at_file_start and data.startswith(BOM) else 0
-    lines, line, counted = [], first_line, begin
-    position = data.find(BOM, begin)
-    while position >= 0:
-        if position == begin or data[position - 1] == ord("\n"):
-            line += data.count(b"\n", counted, position)
-            counted = position
-            lines.append(line)
-        position = data.find(BOM, position + len(BOM))
-    return lines
-
-
 def slice_value_problem(key: str, value) -> str | None:
     """Why a metadata value cannot name a slice, or None: it holds NaN or an infinity (JSON
     outputs cannot carry them; checked first), or its canonical JSON is longer than

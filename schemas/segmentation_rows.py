@@ -12,9 +12,9 @@ unreadable files) is checked by the matching step, which decodes them.
 
 Bounds (schemas/limits.py): a row's shape and every RLE size are at most `max_pixels`
 (--max_image_pixels), checked here before anything is decoded; a row holds at most
-MAX_SEGMENTS_PER_ROW segments; a segment label is at most MAX_LABEL_CHARS characters; a --slice
-metadata value must be JSON-writable (no NaN or Infinity) and at most MAX_SLICE_CHARS characters
-as JSON.
+MAX_SEGMENTS_PER_ROW segments; a datum_uid is at most MAX_UID_CHARS characters; a segment label
+is at most MAX_LABEL_CHARS characters; a --slice metadata value must be JSON-writable (no NaN or
+Infinity) and at most MAX_SLICE_CHARS characters as JSON.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import posixpath
 from dataclasses import dataclass, field
 
 from evalbeam.schemas.coco import rle_problem
-from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem,
-                                     label_length_problem)
+from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, MAX_UID_CHARS,
+                                     image_size_problem, label_length_problem, uid_length_problem)
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -98,7 +98,8 @@ def _segment_problem(segment, shape, max_pixels: int) -> str | None:
 def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slice_keys: list[str],
                  max_pixels: int = MAX_IMAGE_PIXELS):
     """([SegmentRow], [(position, uid or None, reason)]) from parsed rows of one file; max_pixels
-    bounds the row's shape and its RLE sizes (--max_image_pixels)."""
+    bounds the row's shape and its RLE sizes (--max_image_pixels). A datum_uid longer than
+    MAX_UID_CHARS characters rejects its row (reject() leaves it out of the record)."""
     good, bad = [], []
     for row, position in zip(rows, positions):
         uid = row.get("datum_uid") if isinstance(row, dict) else None
@@ -107,6 +108,8 @@ def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slic
             problem = "row must be a JSON object"
         elif not isinstance(uid, str) or not uid:
             problem = "missing or empty datum_uid"
+        elif len(uid) > MAX_UID_CHARS:
+            problem = uid_length_problem("datum_uid", len(uid))
         elif row.get("segments") is not None and row.get("label_map_uri") is not None:
             problem = "a row has either \"segments\" or \"label_map_uri\", not both"
         elif row.get("label_map_uri") is not None:

@@ -3,12 +3,13 @@
 Ground truth: {"datum_uid": str, "metadata"?: {...}, "query"?: str, "references"?: [str, ...],
 "condition"?: str}. Predictions: {"datum_uid": str, "response": str, "contexts"?: [str, ...]}.
 A row is rejected whole when a field has the wrong type (a reference or context that is not a
-string, a missing response...), when the metadata value of a --slice key is not finite (NaN,
-Infinity: JSON outputs cannot carry it), is longer than MAX_SLICE_CHARS characters as JSON
-(schemas/limits.py) or cannot be written as JSON, and, for rows that come as
-Python dicts from a user's pipeline, when any string of the row holds a lone UTF-16 surrogate
-(rows read from files are checked for it by schemas.safe_json.loads_row, with a reason of the
-same form).
+string, a missing response...), when its datum_uid is longer than MAX_UID_CHARS characters
+(schemas/limits.py: scores.jsonl repeats it for every metric), when the metadata value of a
+--slice key is not finite (NaN, Infinity: JSON outputs cannot carry it), is longer than
+MAX_SLICE_CHARS characters as JSON (schemas/limits.py) or cannot be written as JSON, and, for
+rows that come as Python dicts from a user's pipeline, when any string of the row holds a lone
+UTF-16 surrogate (rows read from files are checked for it by schemas.safe_json.loads_row, with a
+reason of the same form).
 Shared by `evalbeam text` and the LLM-judge metrics.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from evalbeam.schemas.limits import uid_length_problem
 from evalbeam.schemas.safe_json import lone_surrogate, slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -53,6 +55,9 @@ def _problem(row, scored: bool) -> str | None:
     uid = row.get("datum_uid")
     if not isinstance(uid, str) or not uid:
         return "missing or empty datum_uid"
+    problem = uid_length_problem("datum_uid", len(uid))
+    if problem:
+        return problem
     if row.get("metadata") is not None and not isinstance(row["metadata"], dict):
         return "metadata must be an object"
     if scored:
@@ -93,7 +98,7 @@ def text_rows(rows: list, positions: list, scored: bool, file_id: int, slice_key
     rows. check_condition(text) -> reason or None rejects ground truth whose condition does not
     parse (the reason names the column). check_strings: reject rows holding a lone surrogate
     (rows built in Python; JSON lines were checked when parsed). A rejected row's uid is left out
-    when it is not valid text."""
+    when it is not valid text (and by reject() when it is too long)."""
     good, bad = [], []
     for row, position in zip(rows, positions):
         if check_strings:

@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from evalbeam.schemas.safe_json import (BOM, BOM_REASON, bom_lines, iter_lines, loads_row,
+from evalbeam.schemas.safe_json import (BOM, BOM_REASON, iter_lines, loads_row,
                                          lone_surrogate, nesting_depth, slice_value_problem,
                                          too_deep)
 from evalbeam.transforms.io import ReadError, open_input, parse_rows
@@ -137,9 +137,6 @@ def test_a_bom_is_dropped_at_byte_0_of_a_jsonl_file_only_however_it_is_split(tmp
     path = tmp_path / "rows.jsonl"
     path.write_bytes(data)
     expected = ([1, 2], [(3, BOM_REASON), (4, "malformed JSON"), (5, BOM_REASON)])
-    assert bom_lines(data, 1, True) == [3, 5]
-    assert bom_lines(data, 1, False) == [1, 3, 5]
-    assert bom_lines(BOM + BOM + b"{}\n", 1, True) == [1]
     assert [line for line, _ in iter_lines(io.BytesIO(data), 100)] == [1, 2, 3, 4, 5]
     for cut in [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")][:-1]:
         first = 1 + data.count(b"\n", 0, cut)
@@ -150,3 +147,29 @@ def test_a_bom_is_dropped_at_byte_0_of_a_jsonl_file_only_however_it_is_split(tmp
             ids += [row["id"] for row in rows]
             rejected += [(line, reason.split(":")[0]) for line, _, reason in bad]
         assert (ids, rejected) == expected, cut
+
+
+def test_a_bom_line_inside_a_block_is_a_bad_row_on_the_arrow_fast_paths(monkeypatch):
+    """Arrow's JSON reader drops a BOM at the start of each of its own inner blocks (4 MiB in
+    the readers), not only of its buffer: a line 3 that starts with one was a row of the
+    classification and retrieval fast paths when it began an inner block. Inner blocks of 64
+    bytes make every line begin one; the block goes to the line-by-line reader, which rejects
+    the line."""
+    import pyarrow.json as pajson
+
+    from evalbeam.schemas.classification_rows import CLASSIFICATION_GROUNDTRUTH, parse_jsonl_block
+    from evalbeam.schemas.retrieval_rows import parse_qrels
+
+    options = pajson.ReadOptions
+    monkeypatch.setattr(pajson, "ReadOptions", lambda **kw: options(**{**kw, "block_size": 64}))
+    qrels = [json.dumps({"query_id": f"q{i}", "doc_id": "d", "relevance": 1}).encode()
+             for i in range(5)]
+    labels = [json.dumps({"datum_uid": f"d{i}", "labels": [{"key": "k", "value": "v"}]}).encode()
+              for i in range(5)]
+    for rows in (qrels, labels):
+        rows[2] = BOM + rows[2]
+    columns, rejects = parse_qrels(b"\n".join(qrels) + b"\n", "jsonl")
+    assert columns.query.to_pylist() == ["q0", "q1", "q3", "q4"] and rejects == [(3, BOM_REASON)]
+    table, bad = parse_jsonl_block(b"\n".join(labels) + b"\n", 1, CLASSIFICATION_GROUNDTRUTH, [])
+    assert table.column("datum_uid").to_pylist() == ["d0", "d1", "d3", "d4"]
+    assert bad == [(3, BOM_REASON)]

@@ -1,8 +1,9 @@
-"""The length bounds of the strings that name metric records (schemas/limits.py): label keys and
-values, detection and segmentation labels, COCO category names, --label_names, and --slice values
-in every task. A row beyond a bound is rejected with a reason naming the length; its text never
-reaches a vocabulary, a category table or a record. Unit tests on the row readers, plus one
-end-to-end classification run for the rejected rows, the exit code and the counts."""
+"""The length bounds of the strings that name metric records or that outputs repeat
+(schemas/limits.py): label keys and values, detection and segmentation labels, COCO category
+names, --label_names, --slice values, datum_uids and retrieval query ids in every task. A row
+beyond a bound is rejected with a reason naming the length; its text never reaches a vocabulary,
+a category table, a record or rejected.jsonl. Unit tests on the row readers, plus one end-to-end
+classification run for the rejected rows, the exit code and the counts."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import read_jsonl, run_classification, write_jsonl
-from evalbeam.schemas.limits import MAX_LABEL_CHARS, MAX_SLICE_CHARS
+from evalbeam.schemas.limits import MAX_LABEL_CHARS, MAX_SLICE_CHARS, MAX_UID_CHARS
 
 LONG = "x" * (MAX_LABEL_CHARS + 1)
 FITS = "x" * MAX_LABEL_CHARS
 LABEL_REASON = f"label value is {MAX_LABEL_CHARS + 1:,} characters long, more than the limit of 1,024"
 SLICE_REASON = "metadata 'region' is longer than 1,024 characters as JSON, the limit for a slice value"
+LONG_UID = "u" * (MAX_UID_CHARS + 1)
+FITS_UID = "u" * MAX_UID_CHARS
+UID_REASON = f"datum_uid is {MAX_UID_CHARS + 1:,} characters long, more than the limit of 4,096 for an id"
 
 
 def jsonl(rows) -> bytes:
@@ -51,6 +55,17 @@ def test_slice_length_counts_canonical_json_and_stops_early():
         assert tracemalloc.get_traced_memory()[1] < 1 << 20
     finally:
         tracemalloc.stop()
+
+
+def test_uid_bound_and_rejected_records_never_carry_a_long_uid():
+    from evalbeam.schemas.limits import uid_length_problem
+    from evalbeam.schemas.rejections import reject
+
+    assert uid_length_problem("datum_uid", MAX_UID_CHARS) is None
+    assert uid_length_problem("datum_uid", MAX_UID_CHARS + 1).startswith(UID_REASON)
+    assert reject("m", "m.jsonl", 3, "why", FITS_UID)["datum_uid"] == FITS_UID
+    assert reject("m", "m.jsonl", 3, "why", LONG_UID) == {"source": "m", "file": "m.jsonl",
+                                                           "line": 3, "reason": "why"}
 
 
 # ----------------------------------------------------------------------------- classification
@@ -101,37 +116,78 @@ def test_classification_rejects_long_labels_and_slices_on_every_reader(tmp_path)
     assert unparsed[0][1].startswith("label value is 2,001 characters long")
 
 
+def test_classification_rejects_long_uids_on_every_reader_before_copying_them(tmp_path):
+    """Ground truth and predictions, JSONL (both paths), Parquet and Python rows: a datum_uid of
+    MAX_UID_CHARS characters is kept, one more rejects the row before its labels are looked at;
+    the reject does not copy the uid (None) and the validated rows, which become the shard
+    pieces, do not hold it."""
+    from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH as GT,
+                                                      CLASSIFICATION_PREDICTION as PRED,
+                                                      dict_rows_table, parquet_tables,
+                                                      parse_jsonl_block, validate)
+
+    for schema, scored in ((GT, False), (PRED, True)):
+        def row(uid, value="cat"):
+            label = {"key": "class", "value": value, **({"score": 0.5} if scored else {})}
+            return {"datum_uid": uid, "labels": [label]}
+
+        rows = [row("ok"), row(FITS_UID), row(LONG_UID), row(LONG_UID, value=LONG)]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+        with open(tmp_path / "rows.parquet", "rb") as stream:
+            parquet = next(parquet_tables(stream, schema, []))
+        mixed = b'{"datum_uid": "int", "labels": [{"key": "k", "value": 3, "score": 0.5}]}\n'
+        tables = {"fast": parse_jsonl_block(jsonl(rows), 1, schema, []),
+                  "slow": parse_jsonl_block(jsonl(rows) + mixed, 1, schema, []),
+                  "parquet": (parquet, []),
+                  "dicts": dict_rows_table(rows, 1, schema, [])}
+        for name, (table, unparsed) in tables.items():
+            kept, rejects = validate(table, scored=scored, file_id=0)
+            found = sorted([(p + (name == "parquet"), u, r) for p, u, r in rejects]
+                           + [(p, None, r) for p, r in unparsed])
+            assert [(p, u) for p, u, _ in found] == [(3, None), (4, None)], (name, scored)
+            assert all(r.startswith(UID_REASON) for _, _, r in found), (name, scored)
+            assert kept.uid.to_pylist()[:2] == ["ok", FITS_UID], (name, scored)
+
+
 def test_classification_run_rejects_long_rows_and_counts_add_up(tmp_path):
-    """End to end: a long label value, a long label key and a long slice value are rejected
-    rows (file, line, reason), the records hold none of them, and run.json's counts add up."""
+    """End to end: a long label value, a long label key, a long slice value and a long
+    datum_uid (ground truth and prediction) are rejected rows (file, line, reason; the uid left
+    out), the outputs hold none of them, and run.json's counts add up."""
     truth = [{"datum_uid": f"d{i}", "metadata": {"region": "eu" if i % 2 else "us"},
               "labels": [{"key": "class", "value": "cat" if i % 3 else "dog"}]} for i in range(8)]
     truth += [{"datum_uid": "long-value", "metadata": {"region": "eu"},
                "labels": [{"key": "class", "value": LONG}]},
               {"datum_uid": "long-slice", "metadata": {"region": LONG},
+               "labels": [{"key": "class", "value": "cat"}]},
+              {"datum_uid": LONG_UID, "metadata": {"region": "eu"},
                "labels": [{"key": "class", "value": "cat"}]}]
     preds = [{"datum_uid": f"d{i}", "labels": [{"key": "class", "value": "cat", "score": 0.6},
                                                {"key": "class", "value": "dog", "score": 0.4}]}
              for i in range(8)]
-    preds += [{"datum_uid": "d0", "labels": [{"key": LONG, "value": "cat", "score": 0.6}]}]
+    preds += [{"datum_uid": "d0", "labels": [{"key": LONG, "value": "cat", "score": 0.6}]},
+              {"datum_uid": LONG_UID, "labels": [{"key": "class", "value": "cat", "score": 0.6}]}]
     out = tmp_path / "out"
     code = run_classification(["--groundtruths", write_jsonl(tmp_path / "gt.jsonl", truth),
                                "--predictions", f"m={write_jsonl(tmp_path / 'm.jsonl', preds)}",
                                "--output", out, "--quiet", "--slice", "region",
                                "--num_shards", "1", "--metrics", "Counts",
-                               "--max_rejected_fraction", "0.2"])
+                               "--max_rejected_fraction", "0.3"])
     assert code == 0
     rejected = {(r["source"], r["line"]): r["reason"] for r in read_jsonl(out / "rejected.jsonl")}
-    assert sorted(rejected) == [("groundtruths", 9), ("groundtruths", 10), ("m", 9)]
+    assert sorted(rejected) == [("groundtruths", 9), ("groundtruths", 10), ("groundtruths", 11),
+                                ("m", 9), ("m", 10)]
     assert rejected["groundtruths", 9].startswith(LABEL_REASON)
     assert rejected["groundtruths", 10].startswith(SLICE_REASON)
+    assert rejected["groundtruths", 11].startswith(UID_REASON)
     assert rejected["m", 9].startswith(LABEL_REASON.replace("value", "key"))
+    assert rejected["m", 10].startswith(UID_REASON)
     assert "xxxx" not in (out / "metrics.jsonl").read_text()
+    assert not any("uuuu" in (out / name).read_text() for name in ("metrics.jsonl", "rejected.jsonl"))
     info = json.loads((out / "run.json").read_text())
     assert info["counts"] == {
-        "groundtruths": {"rows_read": 10, "rows_evaluated": 8, "rows_rejected": 2},
-        "m": {"rows_read": 9, "rows_evaluated": 8, "rows_rejected": 1}}
-    assert (info["rows_read"], info["rows_rejected"]) == (19, 3)
+        "groundtruths": {"rows_read": 11, "rows_evaluated": 8, "rows_rejected": 3},
+        "m": {"rows_read": 10, "rows_evaluated": 8, "rows_rejected": 2}}
+    assert (info["rows_read"], info["rows_rejected"]) == (21, 5)
 
 
 # ----------------------------------------------------------------------------- detection
@@ -220,3 +276,58 @@ def test_text_and_retrieval_reject_long_slice_values():
     assert slice_values(dict(qrel, metadata={"region": "eu"}), ["region"]) == (('"eu"',), None)
     values, reason = slice_values(dict(qrel, metadata={"region": LONG}), ["region"])
     assert values is None and reason.startswith(SLICE_REASON)
+
+
+# ----------------------------------------------------------------------------- ids
+
+def test_detection_segmentation_and_text_reject_long_uids():
+    """Ground truth and predictions of the tasks whose readers parse rows one by one: a
+    datum_uid of MAX_UID_CHARS characters is kept, one more rejects its row first."""
+    from evalbeam.schemas.detection_rows import native_rows
+    from evalbeam.schemas.segmentation_rows import segment_rows
+    from evalbeam.schemas.text_rows import text_rows
+
+    def rows(**fields):
+        return [dict(fields, datum_uid=uid) for uid in ("ok", FITS_UID, LONG_UID)]
+
+    def check(uids, bad):
+        assert uids == ["ok", FITS_UID]
+        assert [p for p, _, _ in bad] == [3] and bad[0][2].startswith(UID_REASON)
+
+    for scored in (False, True):
+        box = {"label": "cat", "bbox": [0, 0, 1, 1], **({"score": 0.5} if scored else {})}
+        first, _, bad = native_rows(rows(annotations=[box]), [1, 2, 3], scored, [])
+        check(first.uid, bad)
+        text = {"response": "a"} if scored else {"references": ["a"]}
+        good, bad = text_rows(rows(**text), [1, 2, 3], scored, 0, [])
+        check([row.uid for row in good], bad)
+    segment = {"label": "car", "rle": {"size": [1, 2], "counts": [0, 2]}}
+    good, bad = segment_rows(rows(shape=[1, 2], segments=[segment]), [1, 2, 3], "rows.jsonl", 0, [])
+    check([row.uid for row in good], bad)
+
+
+def test_retrieval_rejects_long_query_ids_on_every_reader_and_keeps_long_doc_ids():
+    """TREC and JSONL, qrels and runs, Arrow's fast path and the line-by-line one (the same
+    block, the same result), and Python rows: a query id of MAX_UID_CHARS characters is kept,
+    one more rejects its line with its length (per_query.jsonl writes the id in every record of
+    its query); a document id of any length is kept (no output repeats it)."""
+    from evalbeam.schemas import retrieval_rows as rr
+
+    fits, long, doc = "q" * MAX_UID_CHARS, "q" * (MAX_UID_CHARS + 1), "d" * 100_000
+    rows = [("q1", doc, 1), (fits, "d", 2), (long, "d", 3)]
+    for kind, value, trec_line in (("qrels", "relevance", "{} 0 {} {}\n"),
+                                   ("run", "score", "{} Q0 {} 1 {} tag\n")):
+        trec = "".join(trec_line.format(*row) for row in rows).encode()
+        lines = jsonl([{"query_id": q, "doc_id": d, value: v} for q, d, v in rows])
+        for data, fast, slow, what in ((trec, rr._trec_fast, rr._trec_slow, "query id"),
+                                       (lines, rr._jsonl_fast, rr._jsonl_slow, "query_id")):
+            reason = (f"{what} is {MAX_UID_CHARS + 1:,} characters long, more than the limit of "
+                      "4,096 for an id")
+            for query, docs, _, numbers, rejects in (fast(data, 0, len(data), 1, kind),
+                                                     slow(data, 1, kind)):
+                assert query.to_pylist() == ["q1", fits] and docs.to_pylist() == [doc, "d"]
+                assert numbers.tolist() == [1, 2]
+                assert [(line, r.startswith(reason)) for line, r in rejects] == [(3, True)]
+        row = {"query_id": long, "doc_id": doc, value: 1}
+        assert rr.dict_row_problem(row, kind).startswith("query_id is 4,097 characters long")
+        assert rr.dict_row_problem(dict(row, query_id=fits), kind) is None

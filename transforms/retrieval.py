@@ -39,7 +39,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.hashing import fnv1a_64, shard_of
 from evalbeam.schemas.rejections import reject
-from evalbeam.schemas.safe_json import BOM_REASON, bom_lines
 from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_problem,
                                              duplicate_groups, duplicate_reason,
                                              duplicate_rows_reason, format_of, parse_qrels,
@@ -237,14 +236,8 @@ class ReadRetrievalFile(ProgressDoFn):
             data = stream.read()
         parse = parse_qrels if name == GROUNDTRUTHS else parse_run
         columns, rejects = parse(data, format_of(path), first_line, start)
-        excluded = self.excluded.get(file_id) if name == GROUNDTRUTHS else None
-        if format_of(path) == "jsonl":
-            # a JSONL line past byte 0 of the file that starts with a byte order mark is a bad
-            # row; the parser's fast path (Arrow's reader) would drop the BOM of a line that
-            # starts its block or span, so such lines are rejected here wherever they fall
-            marked = dict.fromkeys(bom_lines(data, first_line, start == 0), BOM_REASON)
-            excluded = {**(excluded or {}), **marked}
         del data
+        excluded = self.excluded.get(file_id) if name == GROUNDTRUTHS else None
         if excluded:
             drop = np.flatnonzero(np.isin(columns.line, np.fromiter(excluded, np.int64)))
             rejects = sorted(rejects + [(int(line), excluded[int(line)]) for line in columns.line[drop]])
