@@ -16,6 +16,7 @@ from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.judge_options import add_judge_arguments
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
+from evalbeam.schemas.limits import MAX_TEXT_CHARS
 from evalbeam.transforms.judge.metrics import CLASSIFIER_METRICS, JUDGE_METRICS, LIKELIHOOD_METRICS
 from evalbeam.transforms.kernels.text import LOCAL_METRICS, TextConfig
 
@@ -38,6 +39,10 @@ def add_arguments(parser) -> None:
                         help="Porter-stem tokens longer than 3 characters before ROUGE")
     parser.add_argument("--bleu_weights", default="0.25,0.25,0.25,0.25", metavar="W[,W...]",
                         help="n-gram weights of sentence BLEU (default 0.25 x 4)")
+    parser.add_argument("--max_text_chars", type=int, default=MAX_TEXT_CHARS, metavar="N",
+                        help=f"reject a row whose response or a reference is longer (default "
+                             f"{MAX_TEXT_CHARS:,} characters: ROUGE-L's cost grows with the product "
+                             "of two texts' lengths)")
     add_judge_arguments(parser)
 
 
@@ -77,6 +82,8 @@ def configure(args) -> TextConfig:
             raise UsageError(f"--rouge_types: {rouge_type!r} is not rouge1..rouge9, rougeL or rougeLsum")
     if not rouge_types:
         raise UsageError("--rouge_types is empty")
+    if args.max_text_chars < 1:
+        raise UsageError(f"--max_text_chars must be at least 1; got {args.max_text_chars}")
     weights = parse_float_list(args.bleu_weights, "--bleu_weights")
     if not weights or any(w < 0 for w in weights):
         raise UsageError("--bleu_weights takes one or more non-negative numbers")
@@ -104,7 +111,7 @@ def configure(args) -> TextConfig:
         judge = dict(judge=judge_config, judge_settings=settings, journal_root=journal)
     config = TextConfig(metrics=metrics, rouge_types=rouge_types,
                         rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights),
-                        judge_max_failed_fraction=args.judge_max_failed_fraction, **judge)
+                        max_text_chars=args.max_text_chars, judge_max_failed_fraction=args.judge_max_failed_fraction, **judge)
     settings = config.judge_settings
     if settings is not None and settings.url and not settings.dry_run and not args.judge_skip_check:
         from evalbeam.pipelines.judge_options import check_judge
@@ -126,7 +133,8 @@ def check_source(name: str, source, config: TextConfig, slices) -> None:
 
 def options(config: TextConfig, args) -> dict:
     out = {"metrics": sorted(config.metrics), "rouge_types": list(config.rouge_types),
-           "rouge_use_stemmer": config.rouge_use_stemmer, "bleu_weights": list(config.bleu_weights)}
+           "rouge_use_stemmer": config.rouge_use_stemmer, "bleu_weights": list(config.bleu_weights),
+           "max_text_chars": config.max_text_chars}
     if config.judge is not None:
         from evalbeam.pipelines.judge_options import judge_options_info
 

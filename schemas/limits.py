@@ -56,6 +56,12 @@ MAX_SLICE_CHARS = 1_024
 # No option raises it: a longer id is the datum's text or a mistake, and a hash of it is the fix.
 # Retrieval's document ids are not bounded: no output repeats them (pipelines/retrieval.md).
 MAX_UID_CHARS = 4_096
+# Characters of a text run's response and of each of its references (`--max_text_chars` raises
+# it). ROUGE-L's longest common subsequence costs the product of the two texts' token counts:
+# a 760 KB response against a 760 KB reference (200,000 words each) took 10 s, and 50 MB texts
+# would take hours. 200,000 characters is some 35,000 words, a long report; at the bound the
+# LCS of one pair takes about 0.2 s. The other text metrics are linear in the text.
+MAX_TEXT_CHARS = 200_000
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,16 @@ def uid_length_problem(what: str, length: int, limit: int = MAX_UID_CHARS) -> st
     return (f"{what} is {length:,} characters long, more than the limit of {limit:,} for an id "
             "(outputs would repeat it in every score, example or per-query record of its row): "
             "use a shorter id, such as a hash of it")
+
+
+def text_length_problem(what: str, length: int, limit: int = MAX_TEXT_CHARS) -> str | None:
+    """Why a text (what: "response", "reference 2") of `length` characters is not evaluated, or
+    None when length <= limit."""
+    if length <= limit:
+        return None
+    return (f"{what} is {length:,} characters long, more than the limit of {limit:,} "
+            "(ROUGE-L's cost grows with the product of two texts' lengths; --max_text_chars "
+            "raises the limit)")
 
 
 def slice_length_reason(key: str, limit: int = MAX_SLICE_CHARS) -> str:

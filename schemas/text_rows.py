@@ -4,7 +4,8 @@ Ground truth: {"datum_uid": str, "metadata"?: {...}, "query"?: str, "references"
 "condition"?: str}. Predictions: {"datum_uid": str, "response": str, "contexts"?: [str, ...]}.
 A row is rejected whole when a field has the wrong type (a reference or context that is not a
 string, a missing response...), when its datum_uid is longer than MAX_UID_CHARS characters
-(schemas/limits.py: scores.jsonl repeats it for every metric), when the metadata value of a
+(schemas/limits.py: scores.jsonl repeats it for every metric), when the response or a reference
+is longer than max_text_chars characters (MAX_TEXT_CHARS, --max_text_chars), when the metadata value of a
 --slice key is not finite (NaN, Infinity: JSON outputs cannot carry it), is longer than
 MAX_SLICE_CHARS characters as JSON (schemas/limits.py) or cannot be written as JSON, and, for
 rows that come as Python dicts from a user's pipeline, when any string of the row holds a lone
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evalbeam.schemas.limits import uid_length_problem
+from evalbeam.schemas.limits import MAX_TEXT_CHARS, text_length_problem, uid_length_problem
 from evalbeam.schemas.safe_json import lone_surrogate, slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -49,7 +50,7 @@ def _strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _problem(row, scored: bool) -> str | None:
+def _problem(row, scored: bool, max_text_chars: int = MAX_TEXT_CHARS) -> str | None:
     if not isinstance(row, dict):
         return "row must be a JSON object"
     uid = row.get("datum_uid")
@@ -63,6 +64,9 @@ def _problem(row, scored: bool) -> str | None:
     if scored:
         if not isinstance(row.get("response"), str):
             return "missing response (a string)"
+        problem = text_length_problem("response", len(row["response"]), max_text_chars)
+        if problem:
+            return problem
         if row.get("contexts") is not None and not _strings(row["contexts"]):
             return "contexts must be a list of strings"
         return None
@@ -70,6 +74,10 @@ def _problem(row, scored: bool) -> str | None:
         return "query must be a string"
     if row.get("references") is not None and not _strings(row["references"]):
         return "references must be a list of strings"
+    for i, reference in enumerate(row.get("references") or []):
+        problem = text_length_problem(f"reference {i + 1}", len(reference), max_text_chars)
+        if problem:
+            return problem
     if row.get("condition") is not None and not isinstance(row["condition"], str):
         return "condition must be a string"
     return None
@@ -93,7 +101,7 @@ def _slices(metadata: dict, slice_keys: list[str]) -> tuple[dict, str | None]:
 
 
 def text_rows(rows: list, positions: list, scored: bool, file_id: int, slice_keys: list[str],
-              check_condition=None, check_strings: bool = False):
+              check_condition=None, check_strings: bool = False, max_text_chars: int = MAX_TEXT_CHARS):
     """([GroundTruthRow or PredictionRow], [(position, uid or None, reason)]) of one file's parsed
     rows. check_condition(text) -> reason or None rejects ground truth whose condition does not
     parse (the reason names the column). check_strings: reject rows holding a lone surrogate
@@ -106,7 +114,7 @@ def text_rows(rows: list, positions: list, scored: bool, file_id: int, slice_key
             if where is not None:
                 bad.append((position, None, SURROGATE_REASON.format(where=where)))
                 continue
-        problem = _problem(row, scored)
+        problem = _problem(row, scored, max_text_chars)
         uid = row.get("datum_uid") if isinstance(row, dict) else None
         if problem is None and not scored and row.get("condition") is not None and check_condition:
             reason = check_condition(row["condition"])

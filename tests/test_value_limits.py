@@ -331,3 +331,36 @@ def test_retrieval_rejects_long_query_ids_on_every_reader_and_keeps_long_doc_ids
         row = {"query_id": long, "doc_id": doc, value: 1}
         assert rr.dict_row_problem(row, kind).startswith("query_id is 4,097 characters long")
         assert rr.dict_row_problem(dict(row, query_id=fits), kind) is None
+
+
+def test_text_rejects_a_response_or_reference_past_max_text_chars():
+    """ROUGE-L's LCS costs the product of two texts' lengths: a response or reference longer
+    than max_text_chars rejects its row with the field and the length; contexts and the query
+    are not bounded (no metric compares them pairwise); --max_text_chars moves the bound and
+    must be at least 1."""
+    from evalbeam.pipelines.common import UsageError
+    from evalbeam.pipelines.launcher import parse_command
+    from evalbeam.pipelines.text import SPEC
+    from evalbeam.schemas.limits import MAX_TEXT_CHARS
+    from evalbeam.schemas.text_rows import text_rows
+
+    fits, long = "a" * MAX_TEXT_CHARS, "a" * (MAX_TEXT_CHARS + 1)
+    truths = [{"datum_uid": "1", "references": [fits]}, {"datum_uid": "2", "references": ["x", long]},
+              {"datum_uid": "3", "references": ["x"], "query": long}]
+    good, bad = text_rows(truths, [1, 2, 3], False, 0, [])
+    assert [r.uid for r in good] == ["1", "3"]
+    assert [(p, u) for p, u, _ in bad] == [(2, "2")]
+    assert bad[0][2].startswith(f"reference 2 is {MAX_TEXT_CHARS + 1:,} characters long")
+    responses = [{"datum_uid": "1", "response": fits}, {"datum_uid": "2", "response": long},
+                 {"datum_uid": "3", "response": "x", "contexts": [long]}]
+    good, bad = text_rows(responses, [1, 2, 3], True, 0, [])
+    assert [r.uid for r in good] == ["1", "3"] and [(p, u) for p, u, _ in bad] == [(2, "2")]
+    assert "--max_text_chars raises the limit" in bad[0][2]
+    good, bad = text_rows(responses, [1, 2, 3], True, 0, [], max_text_chars=10)
+    assert [r.uid for r in good] == ["3"] and len(bad) == 2
+    good, bad = text_rows(responses, [1, 2, 3], True, 0, [], max_text_chars=MAX_TEXT_CHARS + 1)
+    assert len(good) == 3 and not bad
+    args = ["--groundtruths", "g.jsonl", "--predictions", "m=p.jsonl", "--output", "o"]
+    assert parse_command(SPEC, args + ["--max_text_chars", "5"])[1].max_text_chars == 5
+    with pytest.raises(UsageError, match="--max_text_chars must be at least 1"):
+        parse_command(SPEC, args + ["--max_text_chars", "0"])

@@ -25,6 +25,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.hashing import fnv1a_64, uid_shards
+from evalbeam.schemas.limits import MAX_TEXT_CHARS
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
@@ -62,13 +63,14 @@ def score_line(row: dict) -> str:
 
 
 def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
-               check_condition, check_strings=False):
+               check_condition, check_strings=False, max_text_chars=MAX_TEXT_CHARS):
     """Shard pieces (main output) of one source's parsed rows, with rejects and stats (tagged).
     Rows from a PCollection have position None and name their source as the file; their strings
     are checked for lone surrogates (check_strings), which JSON lines were checked for when parsed."""
     scored = name != GROUNDTRUTHS
     good, bad = text_rows(rows, [-1 if p is None else p for p in positions], scored, file_id,
-                          slice_keys if not scored else [], check_condition, check_strings)
+                          slice_keys if not scored else [], check_condition, check_strings,
+                          max_text_chars)
     for position, uid, reason in rejected + bad:
         position = None if position is None or position < 0 else position
         yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
@@ -98,7 +100,7 @@ class ReadTextFile(ReadRowFile):
     def pieces(self, name, rows, positions, rejected, path, file_id, where):
         return row_pieces(name, rows, positions, rejected, path, file_id,
                           self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                          where, _condition_checker(self.config))
+                          where, _condition_checker(self.config), max_text_chars=self.config.max_text_chars)
 
 
 class TextRowsFromDicts(RowsFromDicts):
@@ -112,7 +114,7 @@ class TextRowsFromDicts(RowsFromDicts):
         source, batch = element
         yield from row_pieces(source, batch, [None] * len(batch), [], source, 0, self.keys_of(source),
                               self.num_shards, "row", _condition_checker(self.config),
-                              check_strings=True)
+                              check_strings=True, max_text_chars=self.config.max_text_chars)
 
 
 class MatchText(ProgressDoFn):

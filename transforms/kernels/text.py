@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from evalbeam.schemas.limits import MAX_TEXT_CHARS
 from evalbeam.transforms.kernels.exact_sum import ExactSum
 from evalbeam.transforms.kernels.text_overlap import (BLEU_ORDER, ROUGE_TYPES, corpus_bleu, corpus_bleu_stats,
                                              rouge, sentence_bleu)
@@ -31,6 +32,8 @@ class TextConfig:
     rouge_types: tuple = ROUGE_TYPES
     rouge_use_stemmer: bool = False
     bleu_weights: tuple = (0.25, 0.25, 0.25, 0.25)
+    # rows whose response or a reference is longer are rejected (schemas/limits.py MAX_TEXT_CHARS)
+    max_text_chars: int = MAX_TEXT_CHARS
     # LLM-judge metrics (transforms/judge/metrics.py): what to ask (JudgeMetricConfig), how to
     # call (JudgeSettings) and where the journal is; None when no judge metric is wanted
     judge: object = None
