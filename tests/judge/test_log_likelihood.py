@@ -193,6 +193,35 @@ def test_local_model_scores_match_onnx_runtime_on_two_workers(tmp_path):
     assert record["parameters"] == {"lm_model": str(model)} and record["counts"] == {"ok": 4}
     info = json.load(open(out / "run.json", encoding="utf-8"))
     assert info["judge"]["sent"] == 0 and info["judge"]["local"] > 0
+    # two worker processes share the cores: ONNX Runtime's threads are shared out among them
+    assert info["options"]["judge"]["model_threads"] == max(1, (os.cpu_count() or 1) // 2)
+
+
+def test_model_threads_default_and_reach_the_runtime(tmp_path):
+    """--model_threads: given, it is used (at least 1); not given, the multi-process DirectRunner
+    shares the cores out among its processes and every other runner leaves ONNX Runtime its own
+    choice (None). The session the model loads with has that many intra-op threads."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    import asyncio
+
+    from evalbeam.pipelines.common import UsageError
+    from evalbeam.pipelines.judge_options import model_threads
+    from evalbeam.transforms.judge.local_lm import LocalLM
+    from tiny_models import write_tiny_causal_lm
+
+    cores = os.cpu_count() or 1
+    multi = ["--direct_running_mode", "multi_processing", "--direct_num_workers"]
+    assert model_threads(3, []) == 3 and model_threads(None, []) is None
+    assert model_threads(None, multi + ["2"]) == max(1, cores // 2)
+    assert model_threads(None, [f"--direct_num_workers={cores * 4}", "--direct_running_mode=multi_processing"]) == 1
+    assert model_threads(None, ["--direct_running_mode", "multi_threading", "--direct_num_workers", "2"]) is None
+    assert model_threads(None, multi + ["1"]) is None
+    with pytest.raises(UsageError, match="--model_threads must be 1 or more"):
+        model_threads(0, [])
+    lm = LocalLM(str(write_tiny_causal_lm(tmp_path / "lm")), 4, threads=1)
+    assert asyncio.run(lm.ask("the red tower"))["token_logprobs"][0] is None
+    session = lm.loaded[1]
+    assert session.get_session_options().intra_op_num_threads == 1
 
 
 def test_local_model_problems_stop_before_the_run(tmp_path, capsys):

@@ -93,8 +93,9 @@ class LocalLM(BatchedModel):
 
     inference_fn = causal_lm_inference
 
-    def handler(self, model_path: str, providers: list):
-        return _handler_class()(model_path, providers=providers, inference_fn=causal_lm_inference)
+    def handler(self, model_path: str, providers: list, options):
+        return _handler_class()(model_path, session_options=options, providers=providers,
+                                inference_fn=causal_lm_inference)
 
     def result(self, encoding, output, extra) -> dict:
         if not np.isfinite(output[1:]).all():

@@ -109,16 +109,18 @@ class BatchedModel:
 
     inference_fn = None
 
-    def __init__(self, uri: str, batch_size: int = 128):
+    def __init__(self, uri: str, batch_size: int = 128, threads: int | None = None):
         self.uri = uri.rstrip("/")
         self.batch_size = max(1, int(batch_size))
+        self.threads = threads      # ONNX Runtime's intra-op threads; None: its own choice
         self.pending: list = []     # (text or (text, pair), future)
         self.loaded = None
 
-    def handler(self, model_path: str, providers: list):
+    def handler(self, model_path: str, providers: list, options):
         from apache_beam.ml.inference.onnx_inference import OnnxModelHandlerNumpy
 
-        return OnnxModelHandlerNumpy(model_path, providers=providers, inference_fn=type(self).inference_fn)
+        return OnnxModelHandlerNumpy(model_path, session_options=options, providers=providers,
+                                     inference_fn=type(self).inference_fn)
 
     def prepare(self, tokenizer) -> None:
         """Truncation and the like, before any text is encoded."""
@@ -142,7 +144,10 @@ class BatchedModel:
             # the runtime's own error lines (one per text it refuses) would repeat what each
             # datum's model_error already says: fatal messages only
             onnxruntime.set_default_logger_severity(4)
-            handler = self.handler(FileSystems.join(self.uri, "model.onnx"), providers)
+            options = onnxruntime.SessionOptions()
+            if self.threads:
+                options.intra_op_num_threads = self.threads
+            handler = self.handler(FileSystems.join(self.uri, "model.onnx"), providers, options)
             session = _SHARED.setdefault(self.uri, Shared()).acquire(handler.load_model, tag=self.uri)
             tokenizer = read_tokenizer(self.uri)
             self.prepare(tokenizer)

@@ -123,7 +123,7 @@ class JudgeSession:
         if s.lm_uri:
             from evalbeam.transforms.judge.local_lm import LocalLM
 
-            self.local = LocalLM(s.lm_uri, s.lm_batch_size)
+            self.local = LocalLM(s.lm_uri, s.lm_batch_size, s.model_threads)
         if not s.dry_run and s.url:   # no URL: only the local model answers
             self.client = self._new_client(s.url, s.api_key_env, s.rpm, s.tpm)
             self.loop.run_until_complete(self.client.__aenter__())
@@ -281,7 +281,7 @@ class JudgeSession:
                 from evalbeam.transforms.judge.local_encoder import LocalEncoder as kind
             else:
                 from evalbeam.transforms.judge.local_classifier import LocalClassifier as kind
-            self.models[key] = kind(request.model, self.settings.lm_batch_size)
+            self.models[key] = kind(request.model, self.settings.lm_batch_size, self.settings.model_threads)
         return self.models[key]
 
     async def _local(self, h, request, metric, answer) -> dict:

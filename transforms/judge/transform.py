@@ -47,6 +47,7 @@ class JudgeSettings:
     # a causal LM on the workers answers the prompt log-probability requests (local_lm.py)
     lm_uri: str | None = None
     lm_batch_size: int = 128                # and of the classifiers and encoders (--model_uri)
+    model_threads: int | None = None        # ONNX Runtime threads per process (None: its choice)
     # the variable holding the key of the scoring endpoints (--model_uri METRIC=URL); "" none
     model_api_key_env: str = ""
     model_rpm: float | None = None          # their requests per minute, all workers (None: no limit)
