@@ -41,11 +41,13 @@ class _UnstemmedTokenizer:
     and scikit-learn when they are installed: 1.4 to 3.3 s per worker process (measured), paid
     by every run that asks for ROUGE without stemming, which is the default."""
 
-    @staticmethod
-    def tokenize(text: str) -> list[str]:
+    def __init__(self):
         from rouge_score.tokenize import tokenize
 
-        return tokenize(text, None)
+        self._tokenize = tokenize
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._tokenize(text, None)
 
 
 @lru_cache(maxsize=2)
