@@ -13,7 +13,7 @@ from __future__ import annotations
 from evalbeam.pipelines.common import UsageError, parse_float_list
 from evalbeam.pipelines.task import TaskSpec
 from evalbeam.schemas.formats import format_of
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
+from evalbeam.schemas.limits import MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS, MAX_RLE_PIXELS
 from evalbeam.transforms.kernels.detection import COCO, DetectionConfig, Protocol
 
 TASK = "detection"
@@ -48,6 +48,11 @@ def add_arguments(parser) -> None:
                         help="largest mask a row may hold, in pixels (height x width of a raster "
                              "or RLE, and of an image whose polygons are rasterised with --iou_type "
                              "segm; default 100000000); larger rows are rejected")
+    parser.add_argument("--max_image_pairs", type=int, default=MAX_IMAGE_PAIRS, metavar="N",
+                        help="most (prediction, ground truth) pairs one model's predictions may "
+                             "make in one image (valor: predictions x ground truths; coco: per "
+                             "category, the top 100 predictions x ground truths; default "
+                             "10000000); beyond it the model's predictions there are rejected")
 
 
 def is_coco_name(path: str) -> bool:
@@ -75,6 +80,8 @@ def configure(args):
     if not 1 <= args.max_image_pixels <= MAX_RLE_PIXELS:
         raise UsageError(f"--max_image_pixels must lie in [1, {MAX_RLE_PIXELS}] (pycocotools' "
                          f"RLE run lengths are 32-bit); got {args.max_image_pixels}")
+    if args.max_image_pairs < 1:
+        raise UsageError(f"--max_image_pairs must be at least 1; got {args.max_image_pairs}")
     if args.protocol == "coco":
         if args.iou_thresholds is not None:
             raise UsageError("--iou_thresholds applies to --protocol valor; the coco protocol "
@@ -96,7 +103,8 @@ def configure(args):
             raise UsageError("--max_examples must be 0 or more")
         if len(protocol.matching_thresholds) > 16:
             raise UsageError("at most 16 IoU thresholds, the PR curve's included")
-    return DetectionConfig(args.iou_type, protocol, native, args.max_image_pixels)
+    return DetectionConfig(args.iou_type, protocol, native, args.max_image_pixels,
+                           max_image_pairs=args.max_image_pairs)
 
 
 def check_coco_source(name: str, source) -> None:
@@ -162,6 +170,7 @@ def options(config, args) -> dict:
     protocol = config.protocol
     return {"iou_type": config.iou_type, "protocol": protocol.name,
             "score_bins": protocol.score_bins, "max_image_pixels": config.max_image_pixels,
+            "max_image_pairs": config.max_image_pairs,
             "iou_thresholds": list(protocol.iou_thresholds),
             **({"score_thresholds": list(protocol.score_thresholds),
                 "pr_curve_thresholds": list(protocol.pr_curve_thresholds),

@@ -63,6 +63,22 @@ MAX_UID_CHARS = 4_096
 # LCS of one pair takes about 0.2 s. The other text metrics are linear in the text.
 MAX_TEXT_CHARS = 200_000
 
+# (prediction, ground truth) pairs one model's predictions make with the ground truths of one
+# detection image (`--max_image_pairs` raises it). Matching computes an IoU for every such pair
+# and keeps them all while it walks them: under the valor protocol, every prediction of the
+# image with every ground truth (the confusion matrix pairs labels across); under the coco
+# protocol, per category, the top 100 predictions (maxDets) with the category's ground truths.
+# One image of 10,000 ground truths and 10,000 predictions of one label (100M pairs) took 65 s
+# and a 15.2 GB peak under the valor protocol, and 30,000 each killed a 24 GB machine; 300,000
+# ground truths under the coco protocol (30M pairs after maxDets) took 40 s and 5 GB. Real dense
+# images have hundreds to a few thousand objects (SKU-110K up to ~700, DOTA's largest a few
+# thousand) and detectors keep 100 to 1,000 boxes: 10M pairs is 3,162 boxes a side. At the
+# bound, one image's run peaks at 0.7 GB (random boxes or polygons) to 1.2 GB (valor, boxes all
+# on one spot so every pair overlaps), 1.5 GB (coco, 100 predictions on 100,000 ground truths
+# of one spot: four area ranges) and 1.5 GB (polygons all on one spot), and takes 5 to 12 s,
+# 110 s for the piled-up polygons (each overlapping pair is a shapely intersection).
+MAX_IMAGE_PAIRS = 10_000_000
+
 
 @dataclass(frozen=True)
 class ImageLimits:
@@ -127,3 +143,17 @@ def slice_length_reason(key: str, limit: int = MAX_SLICE_CHARS) -> str:
     return (f"metadata {key!r} is longer than {limit:,} characters as JSON, the limit for a slice "
             "value (it would be copied into every metric record of its slice): slice on a "
             "shorter value, such as an id")
+
+
+def pair_count_problem(n_predictions: int, n_groundtruths: int, pairs: int,
+                       limit: int = MAX_IMAGE_PAIRS, per_category: int | None = None) -> str | None:
+    """Why one model's predictions on one detection image are not matched, or None when the
+    (prediction, ground truth) pairs matching would compute are at most `limit`. per_category:
+    the coco protocol's maxDets, which caps the predictions each category pairs."""
+    if pairs <= limit:
+        return None
+    kept = f" (the top {per_category} of each category)" if per_category is not None else ""
+    hint = "" if per_category is not None else "; or keep each image's top-scoring predictions"
+    return (f"the image's {n_predictions:,} predictions{kept} and {n_groundtruths:,} ground truths "
+            f"make {pairs:,} (prediction, ground truth) pairs to match, more than the limit of "
+            f"{limit:,} per image and model (--max_image_pairs raises it{hint})")

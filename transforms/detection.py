@@ -24,7 +24,8 @@ from evalbeam.schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco
 from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, native_rows, stable_id
 from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, label_length_problem
+from evalbeam.schemas.limits import (MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS, label_length_problem,
+                                     pair_count_problem)
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
@@ -32,7 +33,8 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
                                     ReadFiles, ReadRowFile, open_input, read_pcollections)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
-                                                   coco_state, detailed_curve, pair_box_iou,
+                                                   coco_state, detailed_curve, image_pair_counts,
+                                                   pair_box_iou,
                                                    state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
@@ -322,6 +324,13 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     else:
         dt_area = dts.bbox[:, 2] * dts.bbox[:, 3]
         pair_iou = pair_box_iou(dts.bbox, gts.bbox, crowd)
+    pairs = None
+    if protocol.detailed and iou_type == "segm":
+        # Mask and polygon IoUs cost microseconds each: the confusion matrix needs every pair of
+        # an image, matching those of one label, so each is computed once and looked up.
+        d, g = _image_pairs(dt_image, gt_image)
+        pairs = (d, g, pair_iou(d, g) if d.size else np.zeros(0))
+        pair_iou = _looked_up(*pairs, gts.value.size)
     gt_label = np.searchsorted(category_id, gts.category_id)
     dt_label = np.searchsorted(category_id, dts.category_id)
     result = coco_state(image_id, category_id.size, gt_image, gt_label, gts.value, crowd,
@@ -335,8 +344,18 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     hashes = stable_id(uids).view(np.uint64) if uids else np.zeros(0, np.uint64)
     detailed, confusion = _valor_states(kept, matched_gt[:, 0, t], dt_image, dt_label, dts,
                                         gt_image, gt_label, gts, pair_iou, protocol,
-                                        category_id.size, uids, hashes)
+                                        category_id.size, uids, hashes, pairs)
     return state, detailed, confusion
+
+
+def _looked_up(d: np.ndarray, g: np.ndarray, iou: np.ndarray, n_gt: int):
+    """pair_iou reading the IoUs of computed pairs (d, g, iou; _image_pairs' order, which
+    sorts d * n_gt + g) instead of computing them again."""
+    key = d * n_gt + g
+
+    def lookup(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        return iou[np.searchsorted(key, dt_index * n_gt + gt_index)]
+    return lookup
 
 
 def _image_pairs(dt_image: np.ndarray, gt_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -363,12 +382,14 @@ def _geojson(box, shape) -> dict | None:
 
 
 def _valor_states(kept, taken, dt_image, dt_label, dts, gt_image, gt_label, gts, pair_iou,
-                  protocol, n_labels, uids, hashes) -> tuple[DetailedState, ConfusionState]:
+                  protocol, n_labels, uids, hashes, pairs=None) -> tuple[DetailedState, ConfusionState]:
     """The DetailedState (at the PR curve's IoU threshold; kept and taken come from coco_match)
-    and the ConfusionState of one shard."""
+    and the ConfusionState of one shard. pairs: (d, g, iou) of _image_pairs, if computed."""
     score = dts.value
-    d, g = _image_pairs(dt_image, gt_image)
-    iou = pair_iou(d, g) if d.size else np.zeros(0)
+    if pairs is None:
+        d, g = _image_pairs(dt_image, gt_image)
+        pairs = (d, g, pair_iou(d, g) if d.size else np.zeros(0))
+    d, g, iou = pairs
     shapes = dts.segmentation if _are_shapes(dts.segmentation or [], gts.segmentation or []) else None
     gt_shapes = gts.segmentation if shapes is not None or _are_shapes(gts.segmentation or []) else None
 
@@ -447,6 +468,7 @@ class MatchDetection(ProgressDoFn):
         self.models = models
         self.slice_specs = [tuple(s) for s in slice_specs]
         self.iou_type = config.iou_type
+        self.max_image_pairs = config.max_image_pairs
         self.files = files
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
@@ -509,9 +531,16 @@ class MatchDetection(ProgressDoFn):
                 yield from self._reject_rows(model, rows, np.flatnonzero(~repeated & ~known),
                                              lambda i: "no valid ground truth for this datum_uid")
                 ok = ~repeated & known
+                dts = dts.take(np.flatnonzero(np.isin(dts.image_id, rows.image_id[ok])))
+                crowded = self._crowded(gts, dts, category_id) if images is not None else {}
+                if crowded:
+                    over = ok & np.isin(rows.image_id, list(crowded))
+                    yield from self._reject_rows(model, rows, np.flatnonzero(over),
+                                                 lambda i: crowded[int(rows.image_id[i])])
+                    ok &= ~over
+                    dts = dts.take(np.flatnonzero(~np.isin(dts.image_id, list(crowded))))
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
-                dts = dts.take(np.flatnonzero(np.isin(dts.image_id, rows.image_id[ok])))
                 predicted = rows.image_id[ok]
             else:
                 area_from_bbox = parts[0][0]
@@ -527,9 +556,18 @@ class MatchDetection(ProgressDoFn):
                     yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
                         model, path, int(p), "category_id is not a ground-truth category", None, "row"))
                 ok = known_image & known_category
-                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum())))
-                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum())))
                 dts = dts.take(np.flatnonzero(ok))
+                crowded = self._crowded(gts, dts, category_id) if images is not None else {}
+                n_over = 0
+                if crowded:
+                    over = np.isin(dts.image_id, list(crowded))
+                    for p, image in zip(dts.position[over], dts.image_id[over]):
+                        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(
+                            model, path, int(p), f"image {int(image)}: {crowded[int(image)]}", None, "row"))
+                    n_over = int(over.sum())
+                    dts = dts.take(np.flatnonzero(~over))
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", model), int((~ok).sum()) + n_over))
+                yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", model), int(ok.sum()) - n_over))
                 predicted = dts.image_id
             if images is None:
                 continue
@@ -550,6 +588,26 @@ class MatchDetection(ProgressDoFn):
                     state = self.protocol.binned(state)
                 yield (model, slice_json), state
         self.progress.say("match", f"matched shard {shard}")
+
+    def _crowded(self, gts: BoxRows, dts: BoxRows, category_id: np.ndarray) -> dict:
+        """{image id: rejection reason} for the images where one model's predictions `dts` make
+        more (prediction, ground truth) pairs than config.max_image_pairs (image_pair_counts).
+        Matching keeps every pair of an image at once, so one image of 30,000 boxes a side
+        (900M pairs) would take more memory than a worker has; checked on counts alone."""
+        if not dts.image_id.size or not gts.image_id.size:
+            return {}
+        ids, index = np.unique(np.r_[gts.image_id, dts.image_id], return_inverse=True)
+        n_gt = gts.image_id.size
+        labels = np.searchsorted(category_id, np.r_[gts.category_id, dts.category_id])
+        pairs, predictions = image_pair_counts(index[:n_gt], labels[:n_gt], index[n_gt:],
+                                               labels[n_gt:], ids.size, self.protocol.max_det)
+        over = np.flatnonzero(pairs > self.max_image_pairs)
+        if not over.size:
+            return {}
+        ground = np.bincount(index[:n_gt], minlength=ids.size)
+        return {int(ids[i]): pair_count_problem(int(predictions[i]), int(ground[i]), int(pairs[i]),
+                                                self.max_image_pairs, self.protocol.max_det)
+                for i in over}
 
     def _slice_groups(self, images: ImageRows):
         groups = [("{}", np.arange(images.image_id.size))]
@@ -689,19 +747,24 @@ class EvaluateDetection(EvaluateRows):
     rows as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
     (records, rejects, stats). protocol: a Protocol (default Valor's, with its default
     thresholds); iou_type "bbox" or "segm" (polygons and rasters); bootstrap, compare_to: as
-    transforms.evaluated.EvaluateRows (intervals per image)."""
+    transforms.evaluated.EvaluateRows (intervals per image); max_image_pairs: as
+    --max_image_pairs (pipelines/detection.md, crowded images)."""
 
     def __init__(self, iou_type: str = "bbox", protocol: Protocol = VALOR, slices=(),
                  num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False,
-                 bootstrap=None, compare_to: str | None = None):
+                 bootstrap=None, compare_to: str | None = None,
+                 max_image_pairs: int = MAX_IMAGE_PAIRS):
         if iou_type == "segm" and protocol.name == "coco":
             raise ValueError("native segm rows need the valor protocol (no image sizes to rasterise)")
         super().__init__(None, slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to)
         if protocol.score_bins and self.bootstrap.enabled:
             raise ValueError("score_bins and bootstrap do not go together: the binned state keeps no "
                              "replicates")
+        if max_image_pairs < 1:
+            raise ValueError(f"max_image_pairs must be at least 1; got {max_image_pairs}")
         self.iou_type = iou_type
         self.protocol = protocol
+        self.max_image_pairs = max_image_pairs
 
     def expand(self, pcolls):
         reader = DetectionRowsFromDicts(self.slice_keys, self.num_shards, self.iou_type)
@@ -710,7 +773,8 @@ class EvaluateDetection(EvaluateRows):
         categories = beam.pvalue.AsSingleton(
             read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
         config = DetectionConfig(self.iou_type, self.protocol, native=True,
-                                 bootstrap=self.bootstrap if self.bootstrap.enabled else None)
+                                 bootstrap=self.bootstrap if self.bootstrap.enabled else None,
+                                 max_image_pairs=self.max_image_pairs)
         metrics, rejected, stats, presence = _evaluate(read, categories, config, models, self.slices,
                                                        {}, True, 0.0, self.compare_to)
         metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)

@@ -486,3 +486,297 @@ def test_mask_size_bound_and_its_option(tmp_path):
     assert args.max_image_pixels == 169_000_000
     with pytest.raises(UsageError, match="--max_image_pixels must lie in"):
         parse_command(SPEC, common + ["--max_image_pixels", "0"])
+
+
+# ------------------------------------------------------------------ 8. dense images
+
+def _pair_counts_by_loops(gt_image, gt_label, dt_image, dt_label, n_images, max_det):
+    pairs, predictions = np.zeros(n_images, np.int64), np.zeros(n_images, np.int64)
+    for i in range(n_images):
+        if max_det is None:
+            predictions[i] = (dt_image == i).sum()
+            pairs[i] = predictions[i] * (gt_image == i).sum()
+            continue
+        for label in set(dt_label[dt_image == i].tolist()):
+            kept = min(((dt_image == i) & (dt_label == label)).sum(), max_det)
+            predictions[i] += kept
+            pairs[i] += kept * ((gt_image == i) & (gt_label == label)).sum()
+    return pairs, predictions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_image_pair_counts_match_a_loop(seed):
+    """The pairs matching would compute per image, counted before any IoU: every prediction with
+    every ground truth of its image (valor), or per category the top max_det predictions with
+    the category's ground truths (coco); images with only ground truths or only predictions,
+    labels only predicted, and empty inputs."""
+    from evalbeam.transforms.kernels.detection import image_pair_counts
+
+    rng = np.random.default_rng(seed)
+    n_images = int(rng.integers(1, 8))
+    n_gt, n_dt = (0, 0) if seed == 3 else rng.integers(0, 60, 2)
+    gt_image, gt_label = rng.integers(0, n_images, n_gt), rng.integers(0, 4, n_gt)
+    dt_image, dt_label = rng.integers(0, n_images, n_dt), rng.integers(0, 5, n_dt)
+    for max_det in (None, 1, 3, 100):
+        got = image_pair_counts(gt_image, gt_label, dt_image, dt_label, n_images, max_det)
+        want = _pair_counts_by_loops(gt_image, gt_label, dt_image, dt_label, n_images, max_det)
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], max_det
+
+
+def _dense_rows():
+    """Ground truths and one model's predictions of two datums: "dense" has 4 ground truths
+    (cat, cat, cat, dog) and 152 predictions (150 cats, 2 dogs), "plain" one of each."""
+    def box(i, score=None):
+        out = {"bbox": [i % 13 * 7.0, i // 13 * 7.0, i % 13 * 7.0 + 9, i // 13 * 7.0 + 9]}
+        return out if score is None else dict(out, score=score)
+
+    gts = [{"datum_uid": "dense", "annotations": [dict(box(i), label=label) for i, label
+                                                  in enumerate(["cat", "cat", "cat", "dog"])]},
+           {"datum_uid": "plain", "annotations": [dict(box(0), label="cat")]}]
+    preds = [{"datum_uid": "dense", "annotations": [
+                 dict(box(i, round(0.3 + 0.004 * i, 3)), label="cat" if i < 150 else "dog")
+                 for i in range(152)]},
+             {"datum_uid": "plain", "annotations": [dict(box(0, 0.9), label="cat")]}]
+    return gts, preds
+
+
+@pytest.mark.parametrize("protocol, pairs, predictions", [("valor", 608, 152), ("coco", 302, 102)])
+def test_an_image_with_too_many_pairs_rejects_the_models_row(tmp_path, protocol, pairs, predictions):
+    """The dense datum makes 152 x 4 = 608 pairs under the valor protocol, and under the coco
+    protocol min(150, 100) x 3 cats + 2 x 1 dog = 302 with 102 predictions taking part. At the
+    limit the image is matched; one pair below it the model's row for the image is rejected with
+    the counts and the option, the run fails unless rejected rows are accepted, and the metrics
+    are those of the input without that row (its ground truths unmatched)."""
+    gts, preds = _dense_rows()
+    write_jsonl(tmp_path / "gt.jsonl", gts)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    write_jsonl(tmp_path / "without.jsonl", preds[1:])
+    common = ["--groundtruths", tmp_path / "gt.jsonl", "--protocol", protocol,
+              "--max_rejected_fraction", "1"]
+
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'm.jsonl'}", "--output",
+                         tmp_path / "at", "--max_image_pairs", pairs) == 0
+    assert read_jsonl(tmp_path / "at" / "rejected.jsonl") == []
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'm.jsonl'}", "--output",
+                         tmp_path / "over", "--max_image_pairs", pairs - 1) == 0
+    kept = " (the top 100 of each category)" if protocol == "coco" else ""
+    hint = "" if protocol == "coco" else "; or keep each image's top-scoring predictions"
+    assert reasons(tmp_path / "over") == [("m", 1, (
+        f"the image's {predictions} predictions{kept} and 4 ground truths make {pairs} "
+        f"(prediction, ground truth) pairs to match, more than the limit of {pairs - 1:,} per "
+        f"image and model (--max_image_pairs raises it{hint})"))]
+    info = json.loads((tmp_path / "over" / "run.json").read_text())
+    assert info["counts"]["m"]["rows_rejected"] == 1 and info["counts"]["m"]["rows_evaluated"] == 1
+    assert info["options"]["max_image_pairs"] == pairs - 1
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'without.jsonl'}", "--output",
+                         tmp_path / "without") == 0
+    assert ((tmp_path / "over" / "metrics.jsonl").read_bytes()
+            == (tmp_path / "without" / "metrics.jsonl").read_bytes())
+    assert (tmp_path / "at" / "metrics.jsonl").read_bytes() != (tmp_path / "without" / "metrics.jsonl").read_bytes()
+
+    # without --max_rejected_fraction the rejected row fails the run (exit 1), naming the option
+    assert run_detection("--groundtruths", tmp_path / "gt.jsonl", "--protocol", protocol,
+                         "--predictions", f"m={tmp_path / 'm.jsonl'}", "--output", tmp_path / "fail",
+                         "--max_image_pairs", pairs - 1) == 1
+
+
+def _coco_dense(tmp_path, detections_on_1: int):
+    images = [{"id": 1, "width": 200, "height": 200}, {"id": 2, "width": 200, "height": 200}]
+    annotations = [{"id": k + 1, "image_id": 1 + (k == 3), "category_id": 1, "iscrowd": 0,
+                    "bbox": [10.0 * k, 10.0, 30.0, 30.0], "area": 900.0} for k in range(4)]
+    (tmp_path / "gt.json").write_text(json.dumps({
+        "images": images, "annotations": annotations,
+        "categories": [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]}))
+    dts = [{"image_id": 1, "category_id": 1 + (k % 7 == 0), "bbox": [k % 40 * 4.0, 12.0, 30.0, 30.0],
+            "score": round(0.2 + 0.0005 * k, 4)} for k in range(detections_on_1)]
+    dts.append({"image_id": 2, "category_id": 1, "bbox": [30.0, 10.0, 30.0, 30.0], "score": 0.8})
+    (tmp_path / "all.json").write_text(json.dumps(dts))
+    (tmp_path / "without.json").write_text(json.dumps(dts[-1:]))
+    return len(dts)
+
+
+@pytest.mark.parametrize("protocol, runner", [("coco", []), ("valor", MULTIPROCESS)])
+def test_coco_file_image_with_too_many_pairs_multiprocess(tmp_path, protocol, runner):
+    """A COCO results file: every detection of the crowded image is a rejected row, each naming
+    the image, and the metrics are those of the results without them. Image 1 has 3 cats and
+    no dogs in the ground truth, and 300 detections (43 dogs): coco counts min(257, 100) x 3 =
+    300 pairs with 100 + 43 predictions taking part (dogs have no ground truth to pair with),
+    valor 300 x 3 = 900."""
+    n = _coco_dense(tmp_path, 300)
+    pairs = {"coco": 300, "valor": 900}[protocol]
+    common = ["--groundtruths", tmp_path / "gt.json", "--protocol", protocol,
+              "--max_rejected_fraction", "1", *runner]
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'all.json'}", "--output",
+                         tmp_path / "over", "--max_image_pairs", pairs - 1) == 0
+    rejected = reasons(tmp_path / "over")
+    assert [position for _, position, _ in rejected] == list(range(n - 1))
+    assert {reason.split(" predictions")[0] for _, _, reason in rejected} == {
+        "image 1: the image's " + ("143" if protocol == "coco" else "300")}
+    assert all(f"make {pairs} (prediction, ground truth) pairs" in r for _, _, r in rejected)
+    info = json.loads((tmp_path / "over" / "run.json").read_text())
+    assert (info["counts"]["m"]["rows_rejected"], info["counts"]["m"]["rows_evaluated"]) == (n - 1, 1)
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'without.json'}", "--output",
+                         tmp_path / "without") == 0
+    assert ((tmp_path / "over" / "metrics.jsonl").read_bytes()
+            == (tmp_path / "without" / "metrics.jsonl").read_bytes())
+    assert run_detection(*common, "--predictions", f"m={tmp_path / 'all.json'}", "--output",
+                         tmp_path / "at", "--max_image_pairs", pairs) == 0
+    assert read_jsonl(tmp_path / "at" / "rejected.jsonl") == []
+
+
+def test_a_dense_image_costs_bounded_memory(tmp_path):
+    """One image of 4,000 ground truths and 4,000 predictions, all of one label and on one
+    spot (every pair overlaps): 16M pairs, beyond the default 10M. Matching them took some
+    150 bytes a pair (2.4 GB here; 30,000 a side killed a 24 GB machine); the row is rejected
+    from its counts before any IoU, and the run stays small."""
+    box = {"label": "cat", "bbox": [10, 10, 60, 60]}
+    write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "dense", "annotations": [box] * 4000},
+                                        {"datum_uid": "plain", "annotations": [box]}])
+    write_jsonl(tmp_path / "m.jsonl", [{"datum_uid": "dense", "annotations": [dict(box, score=0.5)] * 4000},
+                                       {"datum_uid": "plain", "annotations": [dict(box, score=0.5)]}])
+    script = ("import resource, sys\nfrom evalbeam.pipelines.detection import run\n"
+              "code = run(sys.argv[1:])\n"
+              "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, "--groundtruths", str(tmp_path / "gt.jsonl"),
+                           "--predictions", f"m={tmp_path / 'm.jsonl'}", "--output", str(tmp_path / "out"),
+                           "--max_rejected_fraction", "1"], capture_output=True, text=True, timeout=600)
+    code, peak_kb = map(int, done.stdout.split()[-2:])
+    assert code == 0, done.stderr
+    assert [r[1] for r in reasons(tmp_path / "out")] == [1]
+    assert "16,000,000 (prediction, ground truth) pairs" in reasons(tmp_path / "out")[0][2]
+    assert peak_kb < 1_000_000, peak_kb
+
+
+def test_chunked_pair_kernels_are_exact(monkeypatch):
+    """Box and polygon IoU computed a chunk of pairs at a time, polygons only where bounding boxes
+    overlap, and the one-to-one walk a block at a time with its early stop, give the values of
+    the one-shot computations: random boxes and triangles, identical ones, polygons whose
+    boxes only touch, an empty polygon."""
+    import shapely
+
+    from evalbeam.transforms.kernels import detection, detection_confusion, masks
+
+    rng = np.random.default_rng(7)
+    n_dt, n_gt = 23, 19
+    xy = rng.uniform(0, 50, (n_dt + n_gt, 2))
+    wh = rng.uniform(1, 20, (n_dt + n_gt, 2))
+    boxes = np.c_[xy, wh]
+    boxes[5] = boxes[n_dt + 2]                       # identical pair
+    crowd = rng.random(n_gt) < 0.2
+    d, g = np.repeat(np.arange(n_dt), n_gt), np.tile(np.arange(n_gt), n_dt)
+    whole = detection.pair_box_iou(boxes[:n_dt], boxes[n_dt:], crowd)(d, g)
+    monkeypatch.setattr(detection, "PAIR_CHUNK", 7)
+    assert detection.pair_box_iou(boxes[:n_dt], boxes[n_dt:], crowd)(d, g).tobytes() == whole.tobytes()
+
+    shapes = [shapely.Polygon([(x, y), (x + w, y), (x + w / 2, y + h)]) for x, y, w, h in boxes]
+    shapes[n_dt + 3] = shapely.Polygon([(shapes[0].bounds[2], 0), (shapes[0].bounds[2] + 5, 0),
+                                        (shapes[0].bounds[2] + 5, 60)])    # touches dt 0's box
+    shapes[n_dt + 4] = shapely.Polygon()
+    a, b = np.array(shapes[:n_dt], dtype=object)[d], np.array(shapes[n_dt:], dtype=object)[g]
+    inter = shapely.area(shapely.intersection(a, b))
+    union = shapely.area(a) + shapely.area(b) - inter
+    want = np.divide(inter, union, out=np.zeros(d.size), where=union > 0)
+    for chunk in (7, 1 << 20):
+        monkeypatch.setattr(masks, "PAIR_CHUNK", chunk)
+        got = masks.pair_polygon_iou(shapes[:n_dt], shapes[n_dt:])(d, g)
+        assert got.tobytes() == want.tobytes()
+    assert (want > 0).sum() > 10 and want[(d == 5) & (g == 2)] == 1.0
+
+    def greedy(pair_dt, pair_gt, pair_iou, score):
+        keep = np.flatnonzero(pair_iou > 1e-9)
+        order = keep[np.lexsort((pair_dt[keep], pair_gt[keep], -pair_iou[keep], -score[pair_dt[keep]]))]
+        used_d, used_g, taken = set(), set(), []
+        for i in order:
+            if pair_dt[i] not in used_d and pair_gt[i] not in used_g:
+                used_d.add(pair_dt[i]), used_g.add(pair_gt[i]), taken.append(i)
+        return sorted(taken)
+
+    score = np.round(rng.random(n_dt), 1)               # ties
+    for iou in (whole, np.ones(d.size)):
+        for block in (3, 1 << 16):
+            monkeypatch.setattr(detection_confusion, "WALK_BLOCK", block)
+            assert detection_confusion.one_to_one(d, g, iou, score).tolist() == greedy(d, g, iou, score)
+
+
+@pytest.mark.parametrize("geometry", ["polygon", "raster"])
+def test_segm_ious_looked_up_equal_ious_computed(tmp_path, monkeypatch, geometry):
+    """Under the valor protocol with --iou_type segm, each image's pair IoUs are computed once
+    and looked up by matching: the records equal those of a run that computes every IoU it
+    asks for (several images and labels, overlapping shapes, tied scores)."""
+    from evalbeam.transforms import detection
+
+    from pycocotools import mask as mask_utils
+
+    rng = np.random.default_rng(5)
+
+    def shape(x, y, w, h):
+        if geometry == "polygon":
+            return {"polygon": [[x, y], [x + w, y], [x + w // 2, y + h]]}
+        mask = np.zeros((64, 64), np.uint8)
+        mask[y:y + h, x:x + w] = 1
+        rle = mask_utils.encode(np.asfortranarray(mask))
+        return {"raster": {"size": rle["size"], "counts": rle["counts"].decode()}}
+
+    gts, preds = [], []
+    for i in range(6):
+        boxes = [[int(v) for v in rng.integers(0, 40, 2)] + [int(v) for v in rng.integers(4, 20, 2)]
+                 for _ in range(int(rng.integers(0, 7)))]
+        gts.append({"datum_uid": f"d{i}", "annotations": [
+            dict(shape(*b), label=f"c{rng.integers(0, 3)}") for b in boxes]})
+        # predictions: shifted copies of the ground truths (IoUs across the thresholds, some
+        # with another label) and a few strays; scores tied in fifths
+        near = [[b[0] + int(rng.integers(0, 3)), b[1] + int(rng.integers(0, 3)), b[2], b[3]] for b in boxes]
+        stray = [[int(v) for v in rng.integers(0, 40, 2)] + [8, 8] for _ in range(int(rng.integers(0, 3)))]
+        preds.append({"datum_uid": f"d{i}", "annotations": [
+            dict(shape(*b), label=f"c{rng.integers(0, 3)}", score=float(rng.integers(1, 5)) / 5)
+            for b in near + near[:2] + stray]})
+    write_jsonl(tmp_path / "gt.jsonl", gts)
+    write_jsonl(tmp_path / "m.jsonl", preds)
+    common = ["--groundtruths", tmp_path / "gt.jsonl", "--predictions", f"m={tmp_path / 'm.jsonl'}",
+              "--iou_type", "segm", "--max_examples", "3"]
+    assert run_detection(*common, "--output", tmp_path / "looked_up") == 0
+    monkeypatch.setattr(detection, "_looked_up", lambda d, g, iou, n: computed)
+    computed = None
+
+    real = detection.shard_state
+
+    def shard_state(images, gts, dts, category_id, iou_type, *args, **kwargs):
+        nonlocal computed
+        if dts.segmentation and gts.segmentation:
+            from evalbeam.transforms.kernels.masks import pair_geometry_iou
+            computed = pair_geometry_iou(dts.segmentation, gts.segmentation)
+        return real(images, gts, dts, category_id, iou_type, *args, **kwargs)
+
+    monkeypatch.setattr(detection, "shard_state", shard_state)
+    assert run_detection(*common, "--output", tmp_path / "computed") == 0
+    records = read_jsonl(tmp_path / "computed" / "metrics.jsonl")
+    assert any(r["type"] == "ConfusionMatrix" for r in records)
+    assert (tmp_path / "looked_up" / "metrics.jsonl").read_bytes() == \
+        (tmp_path / "computed" / "metrics.jsonl").read_bytes()
+
+
+def test_evaluate_detection_ptransform_bounds_pairs():
+    """EvaluateDetection(max_image_pairs=N) rejects the crowded prediction row as the CLI does."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.transforms.detection import EvaluateDetection
+
+    gts, preds = _dense_rows()
+    with pytest.raises(ValueError, match="max_image_pairs must be at least 1"):
+        EvaluateDetection(max_image_pairs=0)
+    with local_pipeline() as p:
+        _, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gts), "m": p | "M" >> beam.Create(preds)}
+                          | EvaluateDetection(max_image_pairs=607, with_diagnostics=True))
+
+        def one_reject(found):
+            assert [(r["source"], r["datum_uid"], r["reason"].split(" (--")[0]) for r in found] == [
+                ("m", "dense", "the image's 152 predictions and 4 ground truths make 608 "
+                               "(prediction, ground truth) pairs to match, more than the limit of "
+                               "607 per image and model")]
+
+        assert_that(rejected, one_reject)

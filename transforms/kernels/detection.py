@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from evalbeam.schemas.limits import MAX_IMAGE_PIXELS
+from evalbeam.schemas.limits import MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS
 from evalbeam.transforms.kernels.bootstrap import REPLICATES, attach_replicates, record_identity
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
@@ -38,6 +38,8 @@ from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 IOU_THRESHOLDS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
 RECALL_THRESHOLDS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
 MAX_DETS = (1, 10, 100)
+# Pairs whose IoU is computed at once (pair_box_iou): ~130 bytes of temporaries each, 130 MB.
+PAIR_CHUNK = 1 << 20
 AREA_RANGES = ((0 ** 2, 1e5 ** 2), (0 ** 2, 32 ** 2), (32 ** 2, 96 ** 2), (96 ** 2, 1e5 ** 2))
 AREA_NAMES = ("all", "small", "medium", "large")
 SUMMARY_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
@@ -301,8 +303,11 @@ def weighted_gt_counts(group_weights: np.ndarray, gt_group: np.ndarray, group_ca
 
 
 def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarray):
-    """pair_iou for boxes [x, y, w, h] (pycocotools' bbIou arithmetic, elementwise)."""
-    def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+    """pair_iou for boxes [x, y, w, h] (pycocotools' bbIou arithmetic, elementwise).
+
+    The pairs are computed PAIR_CHUNK at a time: the arithmetic holds some 15 temporaries per
+    pair, which for the millions of pairs of a dense image would outweigh the result."""
+    def chunk(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
         d, g = dt_boxes[dt_index], gt_boxes[gt_index]
         w = np.minimum(d[:, 2] + d[:, 0], g[:, 2] + g[:, 0]) - np.maximum(d[:, 0], g[:, 0])
         h = np.minimum(d[:, 3] + d[:, 1], g[:, 3] + g[:, 1]) - np.maximum(d[:, 1], g[:, 1])
@@ -312,6 +317,15 @@ def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarra
         with np.errstate(divide="ignore", invalid="ignore"):
             out = inter / union
         return np.where((w > 0) & (h > 0), out, 0.0)
+
+    def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        if dt_index.size <= PAIR_CHUNK:
+            return chunk(dt_index, gt_index)
+        out = np.empty(dt_index.size)
+        for start in range(0, dt_index.size, PAIR_CHUNK):
+            end = start + PAIR_CHUNK
+            out[start:end] = chunk(dt_index[start:end], gt_index[start:end])
+        return out
     return iou
 
 
@@ -741,6 +755,33 @@ def summarize_replicates(precision_sum: np.ndarray, recall: np.ndarray, valid: n
     return overall, per_category
 
 
+def image_pair_counts(gt_image: np.ndarray, gt_category: np.ndarray, dt_image: np.ndarray,
+                      dt_category: np.ndarray, n_images: int, max_det: int | None = None):
+    """(pairs, predictions) int64[n_images] each: the (detection, ground truth) pairs matching
+    computes per image, and the detections that take part, before any IoU is computed.
+
+    gt_* [M] and dt_* [N] hold image indices in [0, n_images) and category indices (>= 0).
+    max_det None (the valor protocol): every detection with every ground truth of its image,
+    n_dt * n_gt, since the confusion matrix pairs labels across (per-category matching needs
+    fewer). max_det m (the coco protocol): per (image, category), min(n_dt, m) * n_gt, summed
+    over the image's categories; the predictions counted are min(n_dt, m) per category."""
+    n_gt = np.bincount(gt_image, minlength=n_images).astype(np.int64)
+    if max_det is None:
+        n_dt = np.bincount(dt_image, minlength=n_images).astype(np.int64)
+        return n_dt * n_gt, n_dt
+    width = int(max(gt_category.max(initial=-1), dt_category.max(initial=-1))) + 1
+    gt_key, gt_count = np.unique(gt_image.astype(np.int64) * width + gt_category, return_counts=True)
+    dt_key, dt_count = np.unique(dt_image.astype(np.int64) * width + dt_category, return_counts=True)
+    kept = np.minimum(dt_count, max_det).astype(np.int64)
+    n_dt = np.bincount(dt_key // width if width else dt_key, weights=kept,
+                       minlength=n_images).astype(np.int64)
+    at = np.minimum(np.searchsorted(gt_key, dt_key), max(gt_key.size - 1, 0))
+    found = (gt_key[at] == dt_key) if gt_key.size else np.zeros(dt_key.size, bool)
+    pairs = np.zeros(n_images, np.int64)
+    np.add.at(pairs, dt_key[found] // width, kept[found] * gt_count[at[found]])
+    return pairs, n_dt
+
+
 def coco_state(image_key: np.ndarray, n_categories: int,
                gt_image: np.ndarray, gt_category: np.ndarray, gt_area: np.ndarray,
                gt_crowd: np.ndarray, dt_image: np.ndarray, dt_category: np.ndarray,
@@ -1110,6 +1151,11 @@ class Protocol:
                               state.detailed, state.confusion)
 
     @property
+    def max_det(self) -> int | None:
+        """Detections kept per image and category before matching (coco: maxDets' largest)."""
+        return MAX_DETS[-1] if self.name == "coco" else None
+
+    @property
     def options(self) -> dict:
         thresholds = np.array(self.matching_thresholds)
         if self.name == "coco":
@@ -1125,13 +1171,16 @@ class DetectionConfig(NamedTuple):
     """What `evalbeam detection` evaluates: iou_type "bbox" or "segm"; protocol (COCO or a
     valor Protocol); native: the inputs are native rows (else COCO files); max_image_pixels:
     the largest mask a row may hold; bootstrap: a kernels.bootstrap.Bootstrap with replicates
-    > 0 (the states carry replicate parts and the records "_replicates"), or None."""
+    > 0 (the states carry replicate parts and the records "_replicates"), or None;
+    max_image_pairs: the most (prediction, ground truth) pairs one model may make in one image
+    (image_pair_counts), beyond which its predictions there are rejected."""
 
     iou_type: str = "bbox"
     protocol: Protocol = COCO
     native: bool = False
     max_image_pixels: int = MAX_IMAGE_PIXELS
     bootstrap: object = None
+    max_image_pairs: int = MAX_IMAGE_PAIRS
 
 
 # ----------------------------------------------------------------------------- the state

@@ -26,6 +26,8 @@ from evalbeam.transforms.kernels.classification import counts_above, levels
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
 PAIR_MIN_IOU = 1e-9
+# Ranked pairs converted to Python integers at a time by one_to_one's walk.
+WALK_BLOCK = 1 << 16
 
 
 def one_to_one(pair_dt: np.ndarray, pair_gt: np.ndarray, pair_iou: np.ndarray,
@@ -40,15 +42,23 @@ def one_to_one(pair_dt: np.ndarray, pair_gt: np.ndarray, pair_iou: np.ndarray,
         return keep
     d, g, iou = pair_dt[keep], pair_gt[keep], pair_iou[keep]
     order = np.lexsort((d, g, -iou, -dt_score[d]))
+    del iou
     used_dt = np.zeros(int(d.max()) + 1, dtype=bool)
     used_gt = np.zeros(int(g.max()) + 1, dtype=bool)
+    # The walk ends once every detection or every ground truth is taken.
+    most = min(np.count_nonzero(np.bincount(d)), np.count_nonzero(np.bincount(g)))
     taken = []
-    # A sequential walk: whether a pair is taken depends on every pair ranked before it.
-    for i, di, gi in zip(order.tolist(), d[order].tolist(), g[order].tolist()):
-        if used_dt[di] or used_gt[gi]:
-            continue
-        used_dt[di] = used_gt[gi] = True
-        taken.append(i)
+    # A sequential walk: whether a pair is taken depends on every pair ranked before it. Python
+    # lists of a block at a time (a dense image has millions of pairs, 100 bytes each as lists).
+    for start in range(0, order.size, WALK_BLOCK):
+        block = order[start:start + WALK_BLOCK]
+        for i, di, gi in zip(block.tolist(), d[block].tolist(), g[block].tolist()):
+            if used_dt[di] or used_gt[gi]:
+                continue
+            used_dt[di] = used_gt[gi] = True
+            taken.append(i)
+        if len(taken) == most:
+            break
     return keep[np.sort(np.array(taken, dtype=np.int64))]
 
 

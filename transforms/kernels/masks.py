@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from evalbeam.schemas.detection_rows import Raster
+from evalbeam.transforms.kernels.detection import PAIR_CHUNK
 
 
 def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):
@@ -40,20 +41,36 @@ def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):
 
 
 def pair_polygon_iou(dt_shapes: list, gt_shapes: list):
-    """pair_iou for shapely polygons: exact areas, intersection / union (0 for empty unions)."""
+    """pair_iou for shapely polygons: exact areas, intersection / union (0 for empty unions).
+
+    Only pairs whose bounding boxes overlap with a positive area are intersected (the others
+    have no common area: IoU 0), PAIR_CHUNK pairs at a time: most pairs of a dense image are
+    far apart, and each intersection is a new geometry object."""
     import shapely
 
     dt = np.array(dt_shapes, dtype=object)
     gt = np.array(gt_shapes, dtype=object)
+    dt_bounds = shapely.bounds(dt).reshape(-1, 4)
+    gt_bounds = shapely.bounds(gt).reshape(-1, 4)
+    dt_area, gt_area = shapely.area(dt), shapely.area(gt)
+
+    def chunk(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
+        d, g = dt_bounds[dt_index], gt_bounds[gt_index]
+        near = np.flatnonzero((np.minimum(d[:, 2], g[:, 2]) > np.maximum(d[:, 0], g[:, 0]))
+                              & (np.minimum(d[:, 3], g[:, 3]) > np.maximum(d[:, 1], g[:, 1])))
+        out = np.zeros(dt_index.size)
+        if near.size:
+            i, j = dt_index[near], gt_index[near]
+            inter = shapely.area(shapely.intersection(dt[i], gt[j]))
+            union = dt_area[i] + gt_area[j] - inter
+            out[near] = np.divide(inter, union, out=np.zeros(near.size), where=union > 0)
+        return out
 
     def iou(dt_index: np.ndarray, gt_index: np.ndarray) -> np.ndarray:
-        if not dt_index.size:
-            return np.zeros(0)
-        a, b = dt[dt_index], gt[gt_index]
-        inter = shapely.area(shapely.intersection(a, b))
-        union = shapely.area(a) + shapely.area(b) - inter
         out = np.zeros(dt_index.size)
-        np.divide(inter, union, out=out, where=union > 0)
+        for start in range(0, dt_index.size, PAIR_CHUNK):
+            end = start + PAIR_CHUNK
+            out[start:end] = chunk(dt_index[start:end], gt_index[start:end])
         return out
     return iou
 
