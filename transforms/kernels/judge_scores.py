@@ -77,7 +77,8 @@ Ratings
                            found -> (None, "none", 0.0). Values are floats ("integer" gives 4.0).
 
 Embeddings and sentences
-  cosine(a, b)             a . b / (|a| |b|), clipped to [-1, 1]. None when either vector is None,
+  cosine(a, b)             a . b / (|a| |b|), clipped to [-1, 1], each sum correctly rounded
+                           (math.fsum: the same bits on every CPU). None when either vector is None,
                            not a flat sequence of finite numbers, empty, of zero norm, or when the
                            two lengths differ.
   split_sentences(text)    Split at every line break (str.splitlines) and, within a line, after
@@ -314,14 +315,19 @@ def _vector(value) -> np.ndarray | None:
 
 
 def cosine(a, b) -> float | None:
-    """Cosine similarity clipped to [-1, 1]; None for a zero, missing or malformed vector."""
+    """Cosine similarity clipped to [-1, 1]; None for a zero, missing or malformed vector.
+
+    The three sums (a . b, |a|^2, |b|^2) are correctly rounded (math.fsum over the elementwise
+    products, which IEEE arithmetic gives the same on every CPU): numpy's dot and norm add in
+    an order that depends on the CPU's vector width, so an AVX-512 machine and an AVX2 one
+    gave scores that differed in the last bit."""
     x, y = _vector(a), _vector(b)
     if x is None or y is None or x.shape != y.shape:
         return None
-    norm = float(np.linalg.norm(x)) * float(np.linalg.norm(y))
+    norm = math.sqrt(math.fsum((x * x).tolist())) * math.sqrt(math.fsum((y * y).tolist()))
     if norm == 0.0 or not math.isfinite(norm):
         return None
-    return min(1.0, max(-1.0, float(np.dot(x, y)) / norm))
+    return min(1.0, max(-1.0, math.fsum((x * y).tolist()) / norm))
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
