@@ -81,11 +81,13 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
 def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = None,
                      baseline_sidecar: dict | None = None) -> list[str]:
     """What shows that a run and its baseline were evaluated on different data, as phrases
-    (empty: nothing does): the ground-truth datums evaluated (run.json's counts), and, where
-    both runs recorded one (a sweep cell's leaderboard_inputs.json), the fingerprint of the
-    datum ids of the whole dataset. The ground truth's files are named when something else
-    differs, never alone: paths are recorded as typed, and a nightly job may copy the same
-    ground truth to a dated folder. Prediction rows are the model's, not the data."""
+    (empty: nothing does): the ground-truth datums evaluated (run.json's counts), the
+    fingerprint of the datum ids evaluated where both run.json files record one ("datums":
+    runs of this version on), and, where both runs recorded one (a sweep cell's
+    leaderboard_inputs.json), the fingerprint of the datum ids of the whole dataset. The
+    ground truth's files are named when something else differs, never alone: paths are
+    recorded as typed, and a nightly job may copy the same ground truth to a dated folder.
+    Prediction rows are the model's, not the data."""
     found = []
 
     def evaluated(run):
@@ -95,6 +97,12 @@ def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = Non
     new, old = evaluated(info), evaluated(baseline_info)
     if new is not None and old is not None and new != old:
         found.append(f"ground-truth datums evaluated: {old} in the baseline, {new} in this run")
+    ours, baselines = info.get("datums") or {}, baseline_info.get("datums") or {}
+    if ours.get("fingerprint") and baselines.get("fingerprint") and \
+            ours["fingerprint"] != baselines["fingerprint"]:
+        found.append(f"datums evaluated: fingerprint {baselines['fingerprint']} "
+                     f"({baselines.get('evaluated')} datums) in the baseline, {ours['fingerprint']} "
+                     f"({ours.get('evaluated')}) in this run")
     mine = ((sidecar or {}).get("datums") or {}).get("{}") or {}
     theirs = ((baseline_sidecar or {}).get("datums") or {}).get("{}") or {}
     if mine.get("fingerprint") and theirs.get("fingerprint") and \

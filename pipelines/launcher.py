@@ -396,8 +396,9 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
     try:
         pipeline = make_pipeline(options)
         split_inputs(pipeline, args.input_split_bytes)
+        # presence: the datum hashes behind run.json's "datums" fingerprint (baseline checks)
         job = FilesJob(sources, tuple(sorted(models)), tuple(slices), num_shards, args.quiet,
-                       started, folder.temp, args.uncertainty, args.compare_to)
+                       started, folder.temp, args.uncertainty, args.compare_to, presence=True)
         build_pipeline(pipeline, spec, config, job, folder, run_info, args.max_rejected_fraction,
                        finishing)
         with worker_stderr_filtered(_multi_process(options), keep_progress=not args.quiet):
@@ -492,7 +493,7 @@ class TaskJob(beam.PTransform):
 
     def expand(self, pbegin):
         from evalbeam.transforms.io import WriteJsonl
-        from evalbeam.transforms.meters import add_stats
+        from evalbeam.transforms.meters import add_stats, datum_fingerprint_stats
         from evalbeam.transforms.outputs import reject_sort_key
         from evalbeam.transforms.uncertainty import Uncertainty, with_comparisons_last
 
@@ -507,7 +508,11 @@ class TaskJob(beam.PTransform):
         extra = [beam.pvalue.AsSingleton(out.extra[name]) for name in folder.extra]
         report = beam.pvalue.AsSingleton(out.report) if out.report is not None else None
         sidecar = self.sidecar(out) if self.sidecar is not None else None
-        stats = out.stats | "SumStats" >> beam.CombinePerKey(add_stats)
+        stats = out.stats
+        if out.presence is not None:   # run.json's "datums": their count and fingerprint
+            stats = (stats, out.presence | "DatumFingerprint" >> beam.FlatMap(datum_fingerprint_stats)
+                     ) | "WithDatums" >> beam.Flatten()
+        stats = stats | "SumStats" >> beam.CombinePerKey(add_stats)
         return (pbegin
                 | "Once" >> beam.Create([None])
                 | "Publish" >> beam.Map(

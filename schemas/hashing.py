@@ -83,3 +83,31 @@ def uid_shards(uids: list[str], num_shards: int) -> np.ndarray:
     if not uids:
         return np.zeros(0, dtype=np.int64)
     return shard_of(fnv1a_64(pa.array(uids, pa.string())), num_shards)
+
+
+_MIX_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
+
+
+def _mixed(hashes: np.ndarray, seed: np.uint64) -> np.ndarray:
+    """splitmix64's finaliser of (hash + seed): every input bit moves every output bit."""
+    with np.errstate(over="ignore"):
+        z = hashes.astype(np.uint64) + seed
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def fingerprint_sums(hashes: np.ndarray) -> tuple[int, int]:
+    """The two sums, mod 2^64, of a set of datum hashes (uint64[n], each datum once) mixed with
+    two seeds. Sums of the parts of any split of the set add up (mod 2^64) to the sums of the
+    whole, so shards of any runner combine them in any order; fingerprint() writes them out."""
+    with np.errstate(over="ignore"):
+        return tuple(int(_mixed(hashes, seed).sum(dtype=np.uint64)) for seed in _MIX_SEEDS)
+
+
+def fingerprint(sums: tuple[int, int]) -> str:
+    """32 hexadecimal digits of the two fingerprint_sums (any Python ints, reduced mod 2^64).
+    Two sets of datums that differ have other fingerprints but with a chance of about 2^-128
+    (the mixer is not cryptographic: it tells data apart, it does not defend against someone
+    crafting ids to collide)."""
+    return "".join(f"{value % (1 << 64):016x}" for value in sums)

@@ -27,7 +27,13 @@ from apache_beam.utils.windowed_value import WindowedValue
 SHUFFLE_ELEMENTS = "shuffle_elements"
 SHUFFLE_BYTES = "shuffle_bytes"
 LARGEST_STATE_BYTES = "largest_state_bytes"
-METER_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES)
+# The fingerprint of the datums evaluated (run.json's "datums"), summed on the same channel:
+# the count and the two fingerprint_sums of the ground truth's datums in the overall slice.
+DATUMS = "datums"
+DATUM_SUM_A = "datum_fingerprint_a"
+DATUM_SUM_B = "datum_fingerprint_b"
+METER_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES, DATUMS, DATUM_SUM_A,
+                  DATUM_SUM_B)
 
 
 class Largest(int):
@@ -86,6 +92,35 @@ def meter_states(combined, stage: str = "MergeStates"):
     return combined | f"MeterLargest{stage}" >> beam.Map(_largest_state, stage)
 
 
+def datum_fingerprint_stats(element):
+    """A presence element (transforms.evaluated.Evaluated.presence) -> the stats pairs of the
+    datums fingerprint: only the ground truth's datums of the overall slice count (each datum
+    is in one shard, once)."""
+    from evalbeam.schemas.hashing import fingerprint_sums
+    from evalbeam.transforms.io import GROUNDTRUTHS
+
+    slice_json, (source, hashes) = element
+    if slice_json != "{}" or source != GROUNDTRUTHS:
+        return
+    first, second = fingerprint_sums(hashes)
+    yield (DATUMS, GROUNDTRUTHS), int(len(hashes))
+    yield (DATUM_SUM_A, GROUNDTRUTHS), first
+    yield (DATUM_SUM_B, GROUNDTRUTHS), second
+
+
+def datums_report(stats) -> dict | None:
+    """run.json's "datums": {"evaluated": n, "fingerprint": 32 hex digits} of the ground
+    truth's datums, from summed stats pairs; None when the run has no datum hashes."""
+    from evalbeam.schemas.hashing import fingerprint
+
+    found = {counter: value for (counter, _), value in stats
+             if counter in (DATUMS, DATUM_SUM_A, DATUM_SUM_B)}
+    if DATUMS not in found:
+        return None
+    return {"evaluated": int(found[DATUMS]),
+            "fingerprint": fingerprint((found[DATUM_SUM_A], found[DATUM_SUM_B]))}
+
+
 def is_row_counter(pair) -> bool:
     (counter, _), _ = pair
     return counter not in METER_COUNTERS
@@ -95,9 +130,10 @@ def shuffle_report(stats) -> dict:
     """{stage: {"elements", "bytes", "largest_state_bytes"?}} from summed stats pairs; the
     pairs of other counters are ignored."""
     out: dict = {}
+    shuffle = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES)
     for (counter, stage), value in stats:
-        if counter in METER_COUNTERS:
+        if counter in shuffle:
             out.setdefault(stage, {})[counter] = int(value)
     return {stage: {counter.replace("shuffle_", ""): out[stage][counter]
-                    for counter in METER_COUNTERS if counter in out[stage]}
+                    for counter in shuffle if counter in out[stage]}
             for stage in sorted(out)}

@@ -38,7 +38,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.transforms.io import InputError, created_whole, is_local, join, read_json
-from evalbeam.transforms.meters import METER_COUNTERS, shuffle_report
+from evalbeam.transforms.meters import METER_COUNTERS, datums_report, shuffle_report
 
 WRITTEN_BY = "evalbeam"
 OUTPUT_NAMES = ("metrics.jsonl", "run.json", "rejected.jsonl", "scores.jsonl", "per_query.jsonl",
@@ -453,6 +453,9 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
         wall_time_seconds=round(time.time() - started, 3),
         shuffles=shuffle_report(stats),
     )
+    datums = datums_report(stats)
+    if datums is not None:
+        info["datums"] = datums
     if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
         info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores
     if finish is not None:
