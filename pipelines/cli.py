@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     quiet_logs()
+    from evalbeam.transforms.collector import tune
+
+    tune()   # fewer young collections in the launcher and the in-process runner (collector.py)
     if command in TASKS:
         from evalbeam.pipelines.launcher import run_task
         from evalbeam.pipelines.registry import spec_of

@@ -62,6 +62,105 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layer
     return save(graph, folder)
 
 
+def write_transformer_lm(folder, dim: int = 64, layers: int = 2, heads: int = 4, positions: int = 256,
+                         seed: int = 0, words=WORDS) -> Path:
+    """A causal transformer LM of GPT-2's shape with random weights: token plus learned position
+    embeddings, `layers` pre-LayerNorm blocks (multi-head self-attention under a causal mask,
+    then a GELU MLP of width 4 x dim, each added back to the residual), a final LayerNorm and
+    the token embedding as output projection; the word-level tokenizer of write_tiny_causal_lm
+    ([BOS] first). Right padding changes no real token's logits (the causal mask keeps padding
+    out of their attention), so the attention_mask input is declared and unused, as a
+    causal LM's can be. Texts are at most `positions` tokens. Returns the folder."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder = write_tiny_causal_lm(folder, dim=dim, seed=seed, words=words)
+    size = len(vocabulary(folder))
+    rng = np.random.default_rng(seed)
+    head = dim // heads
+
+    def weight(name, shape, scale):
+        weights.append(numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name))
+        return name
+
+    def const(name, value, dtype=np.int64):
+        weights.append(numpy_helper.from_array(np.array(value, dtype), name))
+        return name
+
+    weights: list = []
+    nodes: list = []
+
+    def node(op, inputs, output, **attributes):
+        nodes.append(helper.make_node(op, inputs, [output], **attributes))
+        return output
+
+    def norm(x, name):
+        return node("LayerNormalization", [x, const(f"{name}_g", np.ones(dim), np.float32),
+                                           const(f"{name}_b", np.zeros(dim), np.float32)],
+                    f"{name}_out", axis=-1, epsilon=1e-5)
+
+    def dense(x, name, width_in, width_out):
+        product = node("MatMul", [x, weight(f"{name}_w", (width_in, width_out), width_in ** -0.5)],
+                       f"{name}_mm")
+        return node("Add", [product, weight(f"{name}_bias", width_out, 0.02)], f"{name}_out")
+
+    embedding = weight("wte", (size, dim), 0.2)
+    # positions 0..T-1 of the batch's width, and the causal mask's additive bias [T, T]
+    shape = node("Shape", ["input_ids"], "ids_shape")
+    width = node("Gather", [shape, const("one", 1)], "width")
+    steps = node("Range", [const("zero", 0), width, const("step", 1)], "steps")
+    hidden = node("Add", [node("Gather", [embedding, "input_ids"], "tokens"),
+                          node("Gather", [weight("wpe", (positions, dim), 0.1), steps], "places")], "h0")
+    square = node("Concat", [node("Unsqueeze", [width, const("axis0", [0])], "width1"),
+                             "width1"], "square", axis=0)
+    ones = node("ConstantOfShape", [square], "ones",
+                value=numpy_helper.from_array(np.array([1.0], np.float32)))
+    future = node("Sub", [ones, node("Trilu", [ones], "lower", upper=0)], "future")
+    bias = node("Mul", [future, const("minus", -1e9, np.float32)], "causal")
+    for layer in range(layers):
+        name = f"l{layer}"
+        x = norm(hidden, f"{name}_ln1")
+        qkv = dense(x, f"{name}_qkv", dim, 3 * dim)
+        parts = []
+        for index, part in enumerate(("q", "k", "v")):
+            sliced = node("Slice", [qkv, const(f"{name}_{part}_start", [index * dim]),
+                                    const(f"{name}_{part}_end", [(index + 1) * dim]),
+                                    const(f"{name}_{part}_axis", [2])], f"{name}_{part}")
+            split = node("Reshape", [sliced, const(f"{name}_{part}_shape", [0, 0, heads, head])],
+                         f"{name}_{part}_heads")
+            parts.append(node("Transpose", [split], f"{name}_{part}_t", perm=[0, 2, 1, 3]))
+        q, k, v = parts
+        scores = node("MatMul", [q, node("Transpose", [k], f"{name}_kt", perm=[0, 1, 3, 2])],
+                      f"{name}_scores")
+        scaled = node("Mul", [scores, const(f"{name}_scale", head ** -0.5, np.float32)], f"{name}_scaled")
+        attention = node("Softmax", [node("Add", [scaled, bias], f"{name}_masked")], f"{name}_att",
+                         axis=-1)
+        mixed = node("Transpose", [node("MatMul", [attention, v], f"{name}_mixed")],
+                     f"{name}_mixed_t", perm=[0, 2, 1, 3])
+        joined = node("Reshape", [mixed, const(f"{name}_join", [0, 0, dim])], f"{name}_joined")
+        hidden = node("Add", [hidden, dense(joined, f"{name}_proj", dim, dim)], f"{name}_h1")
+        x = norm(hidden, f"{name}_ln2")
+        up = dense(x, f"{name}_fc", dim, 4 * dim)
+        # GELU, tanh form (GPT-2's gelu_new): 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))
+        cubed = node("Mul", [node("Mul", [up, up], f"{name}_u2"), up], f"{name}_u3")
+        inner = node("Add", [up, node("Mul", [cubed, const(f"{name}_gelu_c", 0.044715, np.float32)],
+                                      f"{name}_cu3")], f"{name}_inner")
+        gate = node("Tanh", [node("Mul", [inner, const(f"{name}_gelu_k", math.sqrt(2 / math.pi), np.float32)],
+                                  f"{name}_scaled_inner")], f"{name}_tanh")
+        gelu = node("Mul", [node("Mul", [up, const(f"{name}_half", 0.5, np.float32)], f"{name}_half_u"),
+                            node("Add", [gate, const(f"{name}_one", 1.0, np.float32)], f"{name}_gate1")],
+                    f"{name}_gelu")
+        hidden = node("Add", [hidden, dense(gelu, f"{name}_out", 4 * dim, dim)], f"h{layer + 1}")
+    final = norm(hidden, "ln_f")
+    node("MatMul", [final, node("Transpose", [embedding], "wte_t", perm=[1, 0])], "logits")
+    graph = helper.make_graph(
+        nodes, "transformer_lm",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", size])],
+        initializer=weights)
+    return save(graph, folder)
+
+
 def save(graph, folder: Path) -> Path:
     """The graph as folder/model.onnx (opset 17, an IR version every ONNX Runtime reads)."""
     import onnx

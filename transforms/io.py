@@ -373,6 +373,9 @@ class ProgressDoFn(beam.DoFn):
         self.started = started
 
     def setup(self):
+        from evalbeam.transforms.collector import tune
+
+        tune()   # fewer young collections in this worker (transforms/collector.py)
         self.progress = Progress(self.quiet, self.started)
 
 

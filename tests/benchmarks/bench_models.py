@@ -8,6 +8,11 @@ evalbeam's time over the loop's (issue 20's target: at most 0.5).
     pip install -e ".[test,bench]"
     python tests/benchmarks/bench_models.py                   # 10,000 texts, 3 repeats
     python tests/benchmarks/bench_models.py --texts 2000 --repeats 1
+    python tests/benchmarks/bench_models.py --architecture transformer --dim 128 --layers 4
+
+--architecture transformer builds a causal transformer of GPT-2's shape instead
+(tests/tiny_models.write_transformer_lm: attention, MLP, LayerNorm; --heads), where a call's
+cost is matrix products rather than the per-operator overhead of the toy's 96 thin layers.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from bench_classification import machine_info  # noqa: E402
-from tiny_models import write_tiny_causal_lm  # noqa: E402
+from tiny_models import write_tiny_causal_lm, write_transformer_lm  # noqa: E402
 
 
 def make_inputs(folder: str, n: int, vocabulary: int, seed: int = 0) -> tuple[str, str, list[str]]:
@@ -86,14 +91,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vocabulary", type=int, default=500)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--layers", type=int, default=96)
+    parser.add_argument("--architecture", choices=("toy", "transformer"), default="toy")
+    parser.add_argument("--heads", type=int, default=4, help="transformer only")
     parser.add_argument("--lm_batch_size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "evalbeam-bench", "models"))
     args = parser.parse_args(argv)
     folder = os.path.join(args.workdir, f"n{args.texts}_v{args.vocabulary}_d{args.dim}_l{args.layers}")
     gt, pred, texts = make_inputs(folder, args.texts, args.vocabulary)
-    model = str(write_tiny_causal_lm(os.path.join(folder, "lm"), dim=args.dim, layers=args.layers,
-                                     words=[f"w{i}" for i in range(args.vocabulary)] + ["."]))
+    words = [f"w{i}" for i in range(args.vocabulary)] + ["."]
+    if args.architecture == "toy":
+        model = str(write_tiny_causal_lm(os.path.join(folder, "lm"), dim=args.dim, layers=args.layers,
+                                         words=words))
+    else:
+        model = str(write_transformer_lm(os.path.join(folder, "transformer"), dim=args.dim,
+                                         layers=args.layers, heads=args.heads, words=words))
     runs: dict = {"loop": [], "evalbeam": [], "evalbeam, 2 workers": []}
     for repeat in range(args.repeats):
         seconds, loop_mean = plain_loop(model, texts)
@@ -108,7 +120,8 @@ def main(argv: list[str]) -> int:
         print(f"repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in runs.items()),
               file=sys.stderr)
     print("\n".join(machine_info()))
-    print(f"\nPerplexity of {args.texts:,} texts (20-80 words), tiny causal LM V={args.vocabulary:,} "
+    shape = "tiny causal LM" if args.architecture == "toy" else f"causal transformer, {args.heads} heads,"
+    print(f"\nPerplexity of {args.texts:,} texts (20-80 words), {shape} V={args.vocabulary:,} "
           f"D={args.dim}, {args.layers} layers, ONNX Runtime on CPU, --lm_batch_size "
           f"{args.lm_batch_size}; medians of {args.repeats}\n")
     print("| what | seconds | / loop |")

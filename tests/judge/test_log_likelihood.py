@@ -441,3 +441,71 @@ def test_a_text_longer_than_a_model_call_is_refused_without_running(tmp_path):
     short, long = asyncio.run(both())
     assert len(short["token_logprobs"]) == len(short["text_offset"]) == 4
     assert isinstance(long, ModelError) and "8,193 tokens" in str(long)
+
+
+def test_in_window_keeps_order_and_bounds_the_programs_running():
+    """judged_text.in_window: results in the order of the indices, never more than `window`
+    coroutines started and not finished, each started once; an exception ends the whole."""
+    import asyncio
+
+    from evalbeam.transforms.judge.judged_text import in_window
+
+    running, peak, started = [0], [0], []
+
+    async def program(index):
+        started.append(index)
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        for _ in range(index % 4):   # uneven lengths: lanes finish out of order
+            await asyncio.sleep(0)
+        running[0] -= 1
+        return index * index
+
+    for n, window in ((0, 3), (1, 3), (10, 3), (10, 1), (5, 50)):
+        running[0], peak[0], started[:] = 0, 0, []
+        assert asyncio.run(in_window(program, n, window)) == [i * i for i in range(n)]
+        assert sorted(started) == list(range(n)) and peak[0] <= max(1, min(window, n))
+
+    async def failing(index):
+        if index == 4:
+            raise ValueError("program 4")
+        return index
+
+    with pytest.raises(ValueError, match="program 4"):
+        asyncio.run(in_window(failing, 9, 2))
+
+
+def test_a_bundle_larger_than_the_window_scores_the_same(tmp_path, monkeypatch):
+    """With a window of 2 programs (a bundle of many windows), a model on the workers gives the
+    same scores.jsonl and metrics.jsonl, byte for byte, as with every program at once."""
+    pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
+    import importlib
+
+    from evalbeam.transforms.judge import judged_text
+    from tiny_models import write_tiny_causal_lm
+
+    model = write_tiny_causal_lm(tmp_path / "lm", dim=4)
+    words = "the tower bridge river city is in on stands was built by old stone paris".split()
+    rng = np.random.default_rng(5)
+    truths, predictions = [], []
+    for i in range(40):
+        text = " ".join(rng.choice(words, rng.integers(1, 12)))
+        truths.append({"datum_uid": f"d{i:02d}", "query": "where is it?", "references": [text[::-1]]})
+        if i % 7:   # some datums without a prediction
+            predictions.append({"datum_uid": f"d{i:02d}", "response": text})
+    gt = write_jsonl(tmp_path / "gt.jsonl", truths)
+    pred = write_jsonl(tmp_path / "pred.jsonl", predictions)
+    text_task = importlib.import_module("evalbeam.pipelines.text")
+
+    def run(out, window):
+        monkeypatch.setattr(judged_text, "JUDGE_WINDOW", window)
+        code = text_task.run([str(a) for a in (
+            "--groundtruths", gt, "--predictions", f"m={pred}", "--output", out, "--metrics",
+            "Perplexity,GPTScoreQA,GPTScoreSummarization", "--lm_uri", model, "--lm_batch_size", "3",
+            "--num_shards", "1", "--quiet")])
+        assert code == 0
+        return [(out / name).read_bytes() for name in ("scores.jsonl", "metrics.jsonl")]
+
+    whole = run(tmp_path / "whole", 100_000)
+    assert run(tmp_path / "narrow", 2) == whole
+    assert whole[0].count(b'"status": "ok"') > 100

@@ -3,6 +3,11 @@ worker's JudgeSession, add the outcomes to the per-(model, slice) states, return
 
 A datum without a prediction row gets status "missing_prediction" for every judge metric (no
 call is made: judging an empty answer would cost calls and say nothing about the model).
+
+At most JUDGE_WINDOW (datum, metric) programs run at once: a bundle of a million datums then
+holds a million small Scores, not a million programs with their answers (a local LM's answer
+holds a log-probability per token), and the client's concurrency cap, far below the window,
+still has requests waiting for it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ def state_key(kind: str, parameters: dict) -> str:
     extra = {k: v for k, v in parameters.items() if k in ("template", "aspect", "label", "component")}
     return kind + (json.dumps(extra, sort_keys=True) if extra else "")
 
+
+# programs running at once in judge_datums: far above any judge's concurrency, and as many as a
+# model on the workers batches at once (transforms/judge/local_models.py)
+JUDGE_WINDOW = 4096
 
 # judge metrics whose per-datum value is a verdict, 0 or 1: their mean is a share of datums
 VERDICT_METRICS = frozenset({"ContactInformation", "LanguageMismatch", "Sexism", "SummarizationJudge"})
@@ -58,7 +67,7 @@ def judge_datums(session, config, groups: list[list], idf=None) -> list[list[dic
         parameters = parameters_of(kind, extra, judge)
         catalogue.append(_Metric(kind, extra, state_key(kind, parameters), parameters, program,
                                  _binary(kind, extra, judge)))
-    tasks, places = [], []
+    work, places = [], []
     for group_index, judged in enumerate(groups):
         for truth, prediction, model, states, column in judged:
             datum = None if prediction is None else Datum(
@@ -67,11 +76,15 @@ def judge_datums(session, config, groups: list[list], idf=None) -> list[list[dic
             for metric in catalogue:
                 index = None
                 if datum is not None:
-                    tasks.append(score_metric(session, judge, metric.kind, metric.program, datum, idf))
-                    index = len(tasks) - 1
+                    work.append((metric, datum))
+                    index = len(work) - 1
                 places.append((group_index, truth, model, states, column, metric, index))
 
-    scores = session.run(_gather(tasks)) if tasks else []
+    def program(index: int):
+        metric, datum = work[index]
+        return score_metric(session, judge, metric.kind, metric.program, datum, idf)
+
+    scores = session.run(in_window(program, len(work), JUDGE_WINDOW)) if work else []
     rows: list[list[dict]] = [[] for _ in groups]
     for group_index, truth, model, states, column, metric, index in places:
         if index is None:
@@ -90,5 +103,16 @@ def judge_datums(session, config, groups: list[list], idf=None) -> list[list[dic
     return rows
 
 
-async def _gather(tasks) -> list:
-    return list(await asyncio.gather(*tasks))
+async def in_window(start, n: int, window: int) -> list:
+    """[await start(0), ..., await start(n - 1)], with at most `window` of them running at once
+    (start(i) makes the i-th coroutine, when a place in the window is free, in order of i). An
+    exception of one ends the whole, as asyncio.gather's would."""
+    results: list = [None] * n
+    indices = iter(range(n))
+
+    async def lane():
+        for index in indices:
+            results[index] = await start(index)
+
+    await asyncio.gather(*(lane() for _ in range(min(window, n))))
+    return results
