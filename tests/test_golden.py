@@ -23,8 +23,8 @@ from cases import CASES, EXPECTED, KEPT, REFERENCE, command, needs_reference, no
 UPDATE = os.environ.get("EVALBEAM_GOLDEN_UPDATE") == "1"
 
 
-def run_case(name: str, out: str, judge_url: str = "", extra: tuple = ()) -> dict:
-    env = dict(os.environ, EVALBEAM_JUDGE_API_KEY="golden-key")
+def run_case(name: str, out: str, judge_url: str = "", extra: tuple = (), env: dict | None = None) -> dict:
+    env = dict(os.environ, EVALBEAM_JUDGE_API_KEY="golden-key", **(env or {}))
     env.pop("EVALBEAM_LOG_LEVEL", None)
     done = subprocess.run(["evalbeam", *command(name, out, judge_url), *extra], capture_output=True,
                           text=True, env=env, timeout=600)
@@ -90,10 +90,12 @@ def test_multi_process_runner_and_split_files_write_the_golden_bytes(tmp_path, n
     """The same cases on two worker processes, every input file (JSONL, TREC) read in spans of
     1,000 bytes (transforms/line_spans.py: tens of spans per file, lines cut at every place):
     the same files, byte for byte, rejections' line numbers included. Only the shuffle's
-    element counts differ (each span sends its own pieces)."""
+    element counts differ (each span sends its own pieces). Every piece is spilled to a file
+    (EVALBEAM_SPILL_BYTES=0, transforms/grouping.py), written by one process, read by another."""
     if needs_reference(name) and not os.path.isdir(REFERENCE):
         pytest.skip(f"needs the shared reference cases at {REFERENCE} (absent in a fresh clone)")
-    got = run_case(name, str(tmp_path), extra=(*MULTIPROCESS, "--input_split_bytes", "1000"))
+    got = run_case(name, str(tmp_path), extra=(*MULTIPROCESS, "--input_split_bytes", "1000"),
+                   env={"EVALBEAM_SPILL_BYTES": "0"})
     compare(name, got, skip=("shuffle_elements.json",))
     assert got["shuffle_elements.json"] != open(
         os.path.join(EXPECTED, name, "shuffle_elements.json"), encoding="utf-8").read(), \

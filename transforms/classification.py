@@ -4,7 +4,7 @@ Data flow (see pipelines/DESIGN.md): rows of every source are validated and spli
 (ReadClassificationFiles, or ClassificationRowsFromDicts for a user's PCollections) ->
 GroupByKey(shard) -> MatchClassification joins ground truths and each model's predictions of the
 shard and runs the numpy kernel per (model, slice) into a ClassificationState ->
-CombinePerKey(MergeStates) adds the partial states -> records_of(state_records). With a
+combine_states (transforms/merge.py) adds the partial states -> records_of(state_records). With a
 bootstrap (kernels.bootstrap), each shard draws its datums' weights once and every state also
 carries the replicates' weighted counts; the records then hold internal replicate fields that
 transforms.uncertainty turns into intervals. Beside it,
@@ -34,6 +34,7 @@ from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
                                     ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
                                     line_splittable, open_span, qualified, role_of,
@@ -43,7 +44,6 @@ from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, Classi
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
 from evalbeam.transforms.merge import merged_records
-from evalbeam.transforms.meters import meter
 
 # Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
 PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
@@ -471,9 +471,10 @@ def record_sort_key(record: dict):
 
 def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
               started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False,
-              layout=None):
+              layout=None, spill_dir: str | None = None):
     """The shared tail: shard pieces (shard, (source, rows)) and the vocabularies (a singleton
-    {model: vocabulary}) matched per shard, the states merged per (model, slice), records.
+    {model: vocabulary}) matched per shard (the pieces through grouping.group_by_shard, spilled
+    to spill_dir when given), the states merged per (model, slice), records.
     Returns (records, rejects, stats, presence, outcomes) of the matching step; presence and
     outcomes are None unless bootstrapping with compare; presence=True: presence even without
     (outcomes stay None)."""
@@ -484,15 +485,14 @@ def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, 
         config = dataclasses.replace(config, bootstrap=wanted)
     match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
                                 bootstrap, compare, presence, layout)
-    shard_meter = meter(pieces, "GroupByShard")
-    matched = (pieces
-               | "GroupByShard" >> beam.GroupByKey()
+    shards, shard_meter = group_by_shard(pieces, spill_dir)
+    matched = (shards
                | "Match" >> beam.ParDo(match, vocab_view)
                .with_output_types(PARTIAL).with_outputs(
                    TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
     # each model's states read on its own vocabulary
     records, state_meters = merged_records(matched.partials, state_records, vocab_view, config,
-                                           by_model=True)
+                                           by_model=True, spill_dir=spill_dir)
     presence = matched[TAG_PRESENCE] if match.presence else None
     outcomes = matched[TAG_OUTCOMES] if match.compare else None
     stats = ((matched[TAG_STATS], shard_meter, state_meters)
@@ -555,7 +555,7 @@ class EvaluateClassificationFiles(beam.PTransform):
             pieces, vocab, config, list(job.models), list(job.slices),
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards,
             bootstrap, getattr(job, "compare_to", None) is not None,
-            bool(getattr(job, "presence", False)), layout)
+            bool(getattr(job, "presence", False)), layout, job.temp("pieces"))
         rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
         stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
         return Evaluated(records, rejected, stats, problems, presence=presence, outcomes=outcomes)

@@ -4,7 +4,7 @@ ReadCocoFile (a COCO file) and ReadNativeFile (native JSONL/Parquet rows) load e
 worker, validate it into columns (schemas/coco_rows.py, schemas/detection_rows.py) and split
 images, annotations and detections by shard (FNV-1a of the image id); DetectionRowsFromDicts
 does the same for row dicts of a user's PCollections. MatchDetection computes each model's
-DetectionState (transforms/kernels/detection.py) per shard and slice; MergeStates
+DetectionState (transforms/kernels/detection.py) per shard and slice; combine_states
 (transforms/merge.py) merges the states of each (model, slice), and records_of turns each merged
 state into records with the kernel's state_records (pycocotools' accumulate and summarize, or
 Valor's metrics).
@@ -29,6 +29,7 @@ from evalbeam.schemas.limits import (MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS, label_le
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
                                     ReadFiles, ReadRowFile, open_input, read_pcollections)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
@@ -39,7 +40,6 @@ from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, Detai
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
 from evalbeam.transforms.merge import merged_records
-from evalbeam.transforms.meters import meter
 
 TAG_CATEGORIES = "categories"
 TAG_PRESENCE = "presence"
@@ -693,6 +693,7 @@ class EvaluateDetectionFiles(beam.PTransform):
         self.num_shards = job.num_shards
         self.quiet = job.quiet
         self.started = job.started
+        self.spill_dir = job.temp("pieces")
 
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
@@ -716,24 +717,25 @@ class EvaluateDetectionFiles(beam.PTransform):
         metrics, rejected, stats, presence = _evaluate(
             read, categories, self.config, self.models, self.slices,
             {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
-            self.compare_to, self.presence)
+            self.compare_to, self.presence, self.spill_dir)
         return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 
 def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started,
-              compare_to=None, presence: bool = False):
-    """The shared tail: match per shard, merge the states per (model, slice), records. Returns
+              compare_to=None, presence: bool = False, spill_dir: str | None = None):
+    """The shared tail: match per shard (the pieces through grouping.group_by_shard, spilled
+    to spill_dir when given), merge the states per (model, slice), records. Returns
     (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
     there is a compare_to model, or presence=True."""
     presence = bool(presence) or (config.bootstrap is not None and compare_to is not None)
-    shard_meter = meter(read.pieces, "GroupByShard")
-    matched = (read.pieces
-               | "GroupByShard" >> beam.GroupByKey()
+    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
+    matched = (shards
                | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started,
                                                       presence), categories)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, categories, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, categories, config,
+                                           spill_dir=spill_dir)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
              | "AllStats" >> beam.Flatten())

@@ -8,9 +8,10 @@ shards x models x slices, and with what a state holds per label, threshold or re
 
 The meters ride on the stats channel every task already has: ((counter, stage), n) pairs,
 summed per key, except counters of `Largest` values, which keep their maximum. Bytes are the
-length of the element's pickle (protocol 5), which is what Beam's fallback coder writes for
-these Python objects; with combiner lifting a runner sends fewer bytes into MergeStates than
-its input holds (one accumulator per bundle and key), so its figure is an upper bound. Element
+length of the element's pickle (protocol 5): the pieces and states cross both shuffles as
+their pickles, or as files holding them (transforms/grouping.py; GroupByShard's spilled_bytes
+counts those), and each bundle adds its states per key before MergeStates (transforms/merge.py),
+so fewer bytes cross it than its input holds: its figure is an upper bound. Element
 counts are the same on every runner; bytes can differ by a few between runners (a pickle
 stores a string repeated within one object once, and a state merged in one process shares more
 strings than one whose parts came from several) and between numpy versions.
@@ -27,13 +28,14 @@ from apache_beam.utils.windowed_value import WindowedValue
 SHUFFLE_ELEMENTS = "shuffle_elements"
 SHUFFLE_BYTES = "shuffle_bytes"
 LARGEST_STATE_BYTES = "largest_state_bytes"
+SPILLED_BYTES = "shuffle_spilled_bytes"   # of SHUFFLE_BYTES, those written to files instead (grouping.py)
 # The fingerprint of the datums evaluated (run.json's "datums"), summed on the same channel:
 # the count and the two fingerprint_sums of the ground truth's datums in the overall slice.
 DATUMS = "datums"
 DATUM_SUM_A = "datum_fingerprint_a"
 DATUM_SUM_B = "datum_fingerprint_b"
-METER_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES, DATUMS, DATUM_SUM_A,
-                  DATUM_SUM_B)
+SHUFFLE_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, SPILLED_BYTES, LARGEST_STATE_BYTES)
+METER_COUNTERS = SHUFFLE_COUNTERS + (DATUMS, DATUM_SUM_A, DATUM_SUM_B)
 
 
 class Largest(int):
@@ -127,13 +129,12 @@ def is_row_counter(pair) -> bool:
 
 
 def shuffle_report(stats) -> dict:
-    """{stage: {"elements", "bytes", "largest_state_bytes"?}} from summed stats pairs; the
-    pairs of other counters are ignored."""
+    """{stage: {"elements", "bytes", "spilled_bytes"?, "largest_state_bytes"?}} from summed
+    stats pairs; the pairs of other counters are ignored."""
     out: dict = {}
-    shuffle = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, LARGEST_STATE_BYTES)
     for (counter, stage), value in stats:
-        if counter in shuffle:
+        if counter in SHUFFLE_COUNTERS:
             out.setdefault(stage, {})[counter] = int(value)
     return {stage: {counter.replace("shuffle_", ""): out[stage][counter]
-                    for counter in shuffle if counter in out[stage]}
+                    for counter in SHUFFLE_COUNTERS if counter in out[stage]}
             for stage in sorted(out)}

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.hashing import fnv1a_64, shard_of
 from evalbeam.schemas.rejections import reject
@@ -45,13 +44,13 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
                                              parse_run, slice_values, without_rows)
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
                                     created_whole, join, line_splittable, merge_sorted_parts,
                                     open_input, open_span, read_pcollections, span_of, span_text)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
 from evalbeam.transforms.merge import merged_records
-from evalbeam.transforms.meters import meter
 
 TAG_PER_QUERY = "per_query"
 TAG_COVERAGE = "coverage"
@@ -190,37 +189,16 @@ def _take(columns, index: np.ndarray):
                          columns.line[index])
 
 
-def write_piece(columns, path: str) -> None:
-    """Columns as one Arrow IPC stream (query, doc, value, line) at path, through FileSystems;
-    seen whole or not at all (created_whole: a retried bundle writes it again)."""
-    value = columns.relevance if hasattr(columns, "relevance") else columns.score
-    table = pa.table({"query": columns.query, "doc": columns.doc, "value": value, "line": columns.line})
-    with created_whole(path) as out:
-        with pa.ipc.new_stream(out, table.schema) as writer:
-            writer.write_table(table)
-
-
-def read_piece(path: str, qrels: bool):
-    """The columns write_piece wrote (QrelsColumns when qrels, else RunColumns)."""
-    with FileSystems.open(path) as stream:
-        table = pa.ipc.open_stream(stream).read_all()
-    kind = QrelsColumns if qrels else RunColumns
-    return kind(table["query"], table["doc"], table["value"].to_numpy(), table["line"].to_numpy())
-
-
 class ReadRetrievalFile(ProgressDoFn):
     """(source, file id) -> (shard, (source, file id, columns, None)) pieces; rejects and stats
-    tagged. With pieces_dir, each piece is written there as an Arrow IPC stream and only its path
-    travels (hundreds of MB of ids need not pass through the runner's data plane).
     excluded: {qrels file id: {line: reason}}, qrels rows rejected for their --slice metadata
     (see read_slices). Repeated (query, doc) pairs are left to the shard."""
 
     def __init__(self, sources, num_shards: int, quiet: bool, started: float,
-                 pieces_dir: str | None = None, excluded: dict | None = None):
+                 excluded: dict | None = None):
         super().__init__(quiet, started)
         self.sources = sources
         self.num_shards = num_shards
-        self.pieces_dir = pieces_dir
         self.excluded = excluded or {}
 
     def splits(self, path: str) -> bool:
@@ -247,12 +225,7 @@ class ReadRetrievalFile(ProgressDoFn):
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(columns) + len(rejects)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejects)))
         for shard, index in _split_by_query(columns, self.num_shards).items():
-            piece = _take(columns, index)
-            if self.pieces_dir is not None:
-                piece_path = join(self.pieces_dir, f"{shard:05d}-{name}-{file_id}-{start}.arrow")
-                write_piece(piece, piece_path)
-                piece = piece_path
-            yield shard, (name, file_id, piece, None)
+            yield shard, (name, file_id, _take(columns, index), None)
         self.progress.say(path, f"read {len(columns) + len(rejects):,} rows of {path}"
                                 f"{span_text(start, end)}", force=True)
 
@@ -377,13 +350,9 @@ class MatchRetrieval(ProgressDoFn):
         shard, pieces = element
         by_source: dict = {}
         row_slices = []
-        # a piece spilled to an Arrow IPC file travels as its path
-        loaded = [(source, file_id, read_piece(columns, source == GROUNDTRUTHS)
-                   if isinstance(columns, str) else columns, piece_slices)
-                  for source, file_id, columns, piece_slices in pieces]
         # Pieces arrive in any order; sorted by file and line (a file read in byte spans gives
         # several pieces) they make the same columns every time.
-        for source, file_id, columns, piece_slices in sorted(loaded, key=_piece_order):
+        for source, file_id, columns, piece_slices in sorted(pieces, key=_piece_order):
             by_source.setdefault(source, []).append((file_id, columns))
             if piece_slices is not None:
                 row_slices.append((columns.query.to_pylist(), piece_slices))
@@ -533,21 +502,21 @@ def per_spec(per_query: dict, slices) -> dict:
 
 def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_slices: dict | None,
               slice_specs, per_query_dir: str | None, quiet: bool, started: float,
-              bootstrap=None, presence: bool = False):
+              bootstrap=None, presence: bool = False, spill_dir: str | None = None):
     """The pieces of `read` (main output "pieces", tagged rejects and stats) matched per shard,
     merged and turned into records: (metrics, rejects, stats, matched), matched holding the
     coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with presence, the queries of
-    each side (TAG_PRESENCE) of MatchRetrieval."""
-    shard_meter = meter(read.pieces, "GroupByShard")
-    matched = (read.pieces
-               | "GroupByShard" >> beam.GroupByKey()
+    each side (TAG_PRESENCE) of MatchRetrieval. The pieces go through grouping.group_by_shard,
+    spilled to spill_dir when given (hundreds of MB of ids need not cross the runner)."""
+    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
+    matched = (shards
                | "Match" >> beam.ParDo(MatchRetrieval(
                    files, models, config, query_slices, slice_specs, per_query_dir, quiet, started,
                    bootstrap, presence))
                .with_output_types(PARTIAL)
                .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, TAG_PRESENCE,
                              main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, config, spill_dir=spill_dir)
     rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
     stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
              | "AllStats" >> beam.Flatten())
@@ -567,7 +536,7 @@ class EvaluateRetrievalFiles(beam.PTransform):
         super().__init__()
         self.query_slices, self.excluded = read_slices(job.sources, list(job.slices))
         self.slices = list(job.slices)
-        self.pieces_dir = job.temp("pieces")
+        self.spill_dir = job.temp("pieces")
         self.sources = job.sources
         self.models = list(job.models)
         self.config = config
@@ -584,12 +553,12 @@ class EvaluateRetrievalFiles(beam.PTransform):
     def expand(self, pbegin):
         read = pbegin | "ReadFiles" >> ReadFiles(
             self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started,
-                                            self.pieces_dir, self.excluded),
+                                            excluded=self.excluded),
             (TAG_REJECTED, TAG_STATS))
         metrics, rejects, stats, matched = _evaluate(
             read, {name: source.files for name, source in self.sources.items()}, self.models,
             self.config, self.query_slices, self.slices, self.per_query_dir, self.quiet, self.started,
-            self.bootstrap, self.presence)
+            self.bootstrap, self.presence, self.spill_dir)
         problems = (matched[TAG_COVERAGE]
                     | "GatherCoverage" >> beam.combiners.ToList()
                     | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.config.complete))

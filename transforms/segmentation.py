@@ -28,6 +28,7 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
                                     ReadFiles, ReadRowFile, RowsFromDicts, read_pcollections,
                                     reject_row, unique_by_source)
@@ -36,8 +37,7 @@ from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, Segmen
                                                       label_ids, lookup_table, pixel_confusion,
                                                       pixel_label_sets, state_records)
 from evalbeam.transforms.mask_files import read_array
-from evalbeam.transforms.merge import MergeStates, metered_states, records_of
-from evalbeam.transforms.meters import meter
+from evalbeam.transforms.merge import combine_states, metered_states, records_of
 
 TAG_LABELS = "labels"
 TAG_PRESENCE = "presence"
@@ -349,8 +349,9 @@ def vocabulary_problems(found: list) -> list:
 
 
 def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started,
-              bootstrap=None, compare_to=None, presence: bool = False):
-    """The shared tail: labels side input, match per shard, combine, records; and the run's
+              bootstrap=None, compare_to=None, presence: bool = False, spill_dir: str | None = None):
+    """The shared tail: labels side input, match per shard (the pieces through
+    grouping.group_by_shard, spilled to spill_dir when given), combine, records; and the run's
     label findings (transforms.outputs.problem dicts). Returns (metrics, rejected, stats,
     problems, presence); presence is None unless bootstrapping with a compare_to model, or
     presence=True."""
@@ -361,15 +362,14 @@ def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, q
         (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
         | "AllLabels" >> beam.Flatten()
         | "Labels" >> beam.CombineGlobally(LabelSet()))
-    shard_meter = meter(read.pieces, "GroupByShard")
-    matched = (read.pieces
-               | "GroupByShard" >> beam.GroupByKey()
+    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
+    matched = (shards
                | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started,
                                                          bootstrap, presence),
                                        labels)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    combined = matched.partials | "Combine" >> beam.CombinePerKey(MergeStates())
+    combined = combine_states(matched.partials, spill_dir)
     metrics = combined | "Records" >> beam.FlatMap(records_of, state_records, labels)
     problems = (combined
                 | "Overall" >> beam.Filter(overall_slice)
@@ -415,7 +415,7 @@ class EvaluateSegmentationFiles(beam.PTransform):
         metrics, rejected, stats, problems, presence = _evaluate(
             pbegin, read, list(job.models), list(job.slices), self.config,
             {n: s.files for n, s in job.sources.items()}, job.quiet, job.started,
-            job.bootstrap, job.compare_to, bool(getattr(job, "presence", False)))
+            job.bootstrap, job.compare_to, bool(getattr(job, "presence", False)), job.temp("pieces"))
         return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 

@@ -4,7 +4,7 @@ Rows are checked when read (schemas/text_rows.py) and keyed by FNV-1a(datum_uid)
 shard joins ground truth and each model's predictions and scores every datum
 (transforms/kernels/text.py). The per-datum score rows go to one part file per shard
 (sorted), merged into scores.jsonl by one streaming k-way merge, so their order is the same for
-any shard or worker count; the states per (model, slice) are merged by transforms.merge.MergeStates
+any shard or worker count; the states per (model, slice) are merged by transforms.merge.combine_states
 and turned into records by the kernel's state_records.
 
 Bootstrap (job.bootstrap / EvaluateText(bootstrap=...)): each shard draws the Poisson weights of
@@ -22,7 +22,6 @@ import typing
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from evalbeam.schemas.hashing import fnv1a_64, uid_shards
 from evalbeam.schemas.limits import MAX_TEXT_CHARS
@@ -30,6 +29,7 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
+from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
                                     ReadRowFile, RowsFromDicts, created_whole, join, merge_sorted_parts,
                                     read_pcollections, reject_row, unique_by_source, unique_rows)
@@ -41,7 +41,6 @@ from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
 from evalbeam.transforms.merge import merged_records
-from evalbeam.transforms.meters import meter
 
 TAG_SCORES = "scores"
 TAG_JUDGE = "judge_stats"
@@ -311,14 +310,14 @@ def shard_reference_counts(element, encoder: str) -> tuple[int, dict]:
 
 
 def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, bootstrap=None,
-              compare_to=None, presence: bool = False):
+              compare_to=None, presence: bool = False, spill_dir: str | None = None):
     """(metrics, scores, rejected, stats, judge stats, presence, outcomes); presence and
     outcomes are None unless bootstrapping with compare_to (presence=True: presence anyway,
     outcomes still None). With bootstrap, the records keep the internal replicate fields for
-    transforms.uncertainty."""
+    transforms.uncertainty. The pieces go through grouping.group_by_shard, spilled to
+    spill_dir when given."""
     boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
-    shard_meter = meter(read.pieces, "GroupByShard")
-    shards = read.pieces | "GroupByShard" >> beam.GroupByKey()
+    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
     side = {}
     encoder = idf_encoder(config)
     if encoder is not None:
@@ -333,7 +332,7 @@ def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, b
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
                              main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, config)
+    metrics, state_meters = merged_records(matched.partials, state_records, config, spill_dir=spill_dir)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
              | "AllStats" >> beam.Flatten())
@@ -385,7 +384,7 @@ class EvaluateTextFiles(beam.PTransform):
         metrics, score_parts, rejected, stats, judge_stats, presence, outcomes = _evaluate(
             read, self.models, self.slices, self.config,
             {n: s.files for n, s in self.sources.items()}, self.temp("scores-parts"), self.quiet,
-            self.started, self.bootstrap, self.compare_to, self.presence)
+            self.started, self.bootstrap, self.compare_to, self.presence, self.temp("pieces"))
         n_scores = (score_parts
                     | "GatherScoreParts" >> beam.combiners.ToList()
                     | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
