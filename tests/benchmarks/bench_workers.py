@@ -25,8 +25,8 @@ sys.path.insert(0, HERE)
 from bench_classification import machine_info  # noqa: E402
 from scaling_study import run_one, task_command  # noqa: E402
 
-SIZES = {"classification": 1_000_000, "detection": 10_000, "segmentation": 2_000,
-         "text": 100_000, "retrieval": 100_000}
+SIZES = {"classification": 1_000_000, "detection": 10_000, "detection_native": 50_000,
+         "segmentation": 2_000, "text": 100_000, "retrieval": 100_000}
 
 
 def main(argv: list[str]) -> int:

@@ -79,6 +79,12 @@ def task_command(task: str, workdir: str, n: int, output: str) -> list[str]:
 
         paths, _ = bd.ensure_dataset(os.path.join(workdir, "detection"), n, need_segm=False)
         return bd.evalbeam_command(paths["groundtruths"], paths["predictions"], "bbox", output, "", None)
+    if task == "detection_native":
+        import bench_detection as bd
+
+        paths, _ = bd.ensure_dataset(os.path.join(workdir, "detection"), n, need_segm=False)
+        gt, dt = native_rows(paths["groundtruths"], paths["predictions"])
+        return bd.evalbeam_command(gt, dt, "bbox", output, "--protocol coco", None)
     if task == "segmentation":
         import bench_segmentation as bs
 
@@ -92,6 +98,41 @@ def task_command(task: str, workdir: str, n: int, output: str) -> list[str]:
 
         return br.evalbeam_command(br.ensure_dataset(os.path.join(workdir, "retrieval"), n), output, "")
     raise ValueError(task)
+
+
+def native_rows(gt_path: str, dt_path: str) -> tuple[str, str]:
+    """The COCO files as native JSONL rows beside them (made once): one row per image with its
+    annotations (label = category name, bbox as [xmin, ymin, xmax, ymax]), and one per image
+    with detections, in the results file's order. Large native files are read in byte spans by
+    several workers, as a COCO .json is not (deploy/README.md); metrics differ from the COCO
+    files' only in area ranges (a native ground truth's area is its box's)."""
+    gt_out, dt_out = gt_path[:-len(".json")] + ".native.jsonl", dt_path[:-len(".json")] + ".native.jsonl"
+    if os.path.exists(gt_out) and os.path.exists(dt_out):
+        return gt_out, dt_out
+    with open(gt_path, encoding="utf-8") as f:
+        document = json.load(f)
+    names = {c["id"]: c["name"] for c in document["categories"]}
+
+    def box(a):
+        x, y, w, h = a["bbox"]
+        return [x, y, x + w, y + h]
+
+    truths: dict = {image["id"]: [] for image in document["images"]}
+    for a in document["annotations"]:
+        truths[a["image_id"]].append({"label": names[a["category_id"]], "bbox": box(a),
+                                      "iscrowd": bool(a.get("iscrowd"))})
+    with open(dt_path, encoding="utf-8") as f:
+        results = json.load(f)
+    detections: dict = {}
+    for d in results:
+        detections.setdefault(d["image_id"], []).append(
+            {"label": names[d["category_id"]], "bbox": box(d), "score": d["score"]})
+    for path, rows in ((gt_out, truths), (dt_out, detections)):
+        with open(path + ".partial", "w", encoding="utf-8") as f:
+            for image, annotations in rows.items():
+                f.write(json.dumps({"datum_uid": str(image), "annotations": annotations}) + "\n")
+        os.replace(path + ".partial", path)
+    return gt_out, dt_out
 
 
 def run_one(cmd: list[str], output: str) -> dict:
