@@ -102,3 +102,16 @@ def test_combine_states_adds_every_partial_once_spilled_or_not(tmp_path, monkeyp
                         equal_to(expected))
         assert [t.values for _, t in partials[:2]] == [[0, 0], [1, 10]]
         assert bool(list((tmp_path / spill).glob("state-*.pkl"))) == (spill == "0")
+
+
+def test_the_direct_runner_spills_to_a_local_folder_only():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from evalbeam.transforms.grouping import spill_folder
+
+    direct, dask = PipelineOptions([]), PipelineOptions(["--runner", "DaskRunner"])
+    assert spill_folder("/tmp/out/.evalbeam-tmp-x/pieces", direct) == "/tmp/out/.evalbeam-tmp-x/pieces"
+    assert spill_folder("gs://bucket/out/.evalbeam-tmp-x/pieces", direct) is None
+    assert spill_folder("gs://bucket/out/.evalbeam-tmp-x/pieces", dask) == "gs://bucket/out/.evalbeam-tmp-x/pieces"
+    assert spill_folder(None, direct) is None
+    assert spill_folder("/tmp/x", PipelineOptions(["--runner", "DataflowRunner"])) is None

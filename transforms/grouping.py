@@ -15,7 +15,8 @@ per attempt, so a retried bundle never reads a half-written piece, and they go w
 temporary folder. The bytes the meter counts are those of the pickled pieces either way.
 
 Only runners that group in Python spill (groups_in_python: the DirectRunner, the portable
-runner's embedded job service, evalbeam's DaskRunner, whose partitions stay in worker memory).
+runner's embedded job service, evalbeam's DaskRunner, whose partitions stay in worker memory),
+and the DirectRunner only into a local folder (spill_folder).
 Dataflow's, Flink's and Spark's shuffles move bytes without decoding them; there a spill would
 trade the shuffle for one temporary object per shard, span and source (a few hundred thousand
 small writes at 100 M datums, each with its own latency and price), so every piece stays inline.
@@ -37,7 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from evalbeam.transforms.io import created_whole, join
+from evalbeam.transforms.io import created_whole, is_local, join
 from evalbeam.transforms.meters import SPILLED_BYTES, MeterShuffle
 
 STAGE = "GroupByShard"
@@ -101,17 +102,35 @@ class _MeterPacked(MeterShuffle):
                                 GlobalWindow().max_timestamp(), (GlobalWindow(),))
 
 
+def _runner_name(options) -> str:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    return (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1].lower()
+
+
 def groups_in_python(options) -> bool:
     """Whether the pipeline's runner groups its shuffles in a Python process, decoding every
     element (where spilling large pieces pays; module docstring)."""
-    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+    from apache_beam.options.pipeline_options import PortableOptions
 
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1].lower()
+    name = _runner_name(options)
     if name == "portablerunner":
         return options.view_as(PortableOptions).job_endpoint == "embed"
     return name in ("direct", "directrunner", "switchingdirectrunner", "bundlebaseddirectrunner",
                     "daskrunner")
+
+
+def spill_folder(spill_dir: str | None, options) -> str | None:
+    """spill_dir when this pipeline spills there, else None (every piece inline): only on a
+    runner that groups_in_python, and on the DirectRunner, whose workers share one machine, only
+    into a local folder (with an object-store --output, files would send every piece through
+    the network twice for nothing: the bytes stay in the shuffle instead)."""
+    if spill_dir is None or not groups_in_python(options):
+        return None
+    if not is_local(spill_dir) and _runner_name(options) not in ("daskrunner", "portablerunner"):
+        return None
+    return spill_dir
 
 
 def spill_size() -> int:
@@ -123,8 +142,8 @@ def group_by_shard(pieces, spill_dir: str | None = None):
     """(shard, piece) pairs -> ((shard, [piece, ...]) per shard, in no set order; the stats
     pairs of the GroupByShard meter). spill_dir: a folder of the run's own (its temporary
     folder), or None to keep every piece in the shuffle (rows from a user's PCollections); only
-    used on a runner that groups_in_python."""
-    spill_dir = spill_dir if groups_in_python(pieces.pipeline.options) else None
+    used where spill_folder says so."""
+    spill_dir = spill_folder(spill_dir, pieces.pipeline.options)
     packed = (pieces
               | "PackPieces" >> beam.Map(pack, spill_dir, spill_size())
               .with_output_types(typing.Tuple[int, bytes]))

@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from evalbeam.transforms.grouping import groups_in_python, pack, spill_size, unpack
+from evalbeam.transforms.grouping import pack, spill_folder, spill_size, unpack
 from evalbeam.transforms.meters import meter, meter_states
 
 
@@ -102,7 +102,7 @@ def _merged(element):
 def combine_states(partials, spill_dir: str | None = None):
     """((model, slice JSON), partial state) pairs -> (key, merged state) per key, compacted;
     a None partial state is empty (a key with nothing else is not output)."""
-    spill_dir = spill_dir if groups_in_python(partials.pipeline.options) else None
+    spill_dir = spill_folder(spill_dir, partials.pipeline.options)
     grouped = (partials
                | "MergeInBundles" >> beam.ParDo(_MergeInBundle(spill_dir, spill_size()))
                .with_output_types(typing.Tuple[typing.Tuple[str, str], bytes])
