@@ -59,6 +59,13 @@ def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True, p
     parser = parser or build_parser(spec)
     if not exit_on_error:
         parser.error = _raise_usage
+    from evalbeam.schemas.safe_json import lone_surrogate
+
+    for arg in argv:
+        if lone_surrogate(arg):   # undecodable bytes, as Python reads them from the command line
+            raise UsageError(f"the argument {arg!r} is not UTF-8 text (a file or folder name with "
+                             "bytes of another encoding?): evalbeam records every path and option "
+                             "in run.json, a UTF-8 file. Rename it.")
     args, rest = parser.parse_known_args(argv)
     beam_args = split_beam_args(rest)
     if args.num_shards is not None and args.num_shards < 1:

@@ -173,3 +173,27 @@ def test_a_bom_line_inside_a_block_is_a_bad_row_on_the_arrow_fast_paths(monkeypa
     table, bad = parse_jsonl_block(b"\n".join(labels) + b"\n", 1, CLASSIFICATION_GROUNDTRUTH, [])
     assert table.column("datum_uid").to_pylist() == ["d0", "d1", "d3", "d4"]
     assert bad == [(3, BOM_REASON)]
+
+
+def test_names_that_are_not_utf8_stop_the_run_before_any_work(tmp_path, capsys):
+    """A file or folder name with bytes of another encoding (Python reads them as lone
+    surrogates) cannot be written to run.json: an argument holding one, or a glob matching such
+    a file, stops the run with exit 2 and one paragraph, nothing written (before, an output
+    folder so named failed at the end with exit 3, a matched input with a message about the
+    output folder)."""
+    from helpers import run_cli_here, write_jsonl
+
+    row = {"datum_uid": "a", "labels": [{"key": "k", "value": "x", "score": 1.0}]}
+    good = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "labels": [{"key": "k", "value": "x"}]}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [row])
+    odd = os.fsdecode(bytes(tmp_path) + b"/odd\xff")
+    common = ["classification", "--predictions", f"m={pred}", "--quiet"]
+    done = run_cli_here([*common, "--groundtruths", good, "--output", odd], capsys)
+    assert done.returncode == 2 and "is not UTF-8 text" in done.stderr and "Rename it" in done.stderr
+    assert not os.path.exists(odd)
+    with open(os.fsdecode(bytes(tmp_path) + b"/gt\xff.jsonl"), "w") as f:
+        f.write(json.dumps({"datum_uid": "b", "labels": [{"key": "k", "value": "x"}]}) + "\n")
+    done = run_cli_here([*common, "--groundtruths", str(tmp_path / "gt*.jsonl"), "--output",
+                         tmp_path / "out"], capsys)
+    assert done.returncode == 2 and "matched for groundtruths) is not UTF-8 text" in done.stderr
+    assert not (tmp_path / "out").exists() and len(done.stderr.strip().splitlines()) == 1

@@ -33,7 +33,7 @@ from evalbeam.schemas.formats import format_of, position_name
 from evalbeam.transforms.line_spans import (SPLIT_BYTES, LineSpan, count_newlines, first_lines,
                                             plan_spans, span_of)
 from evalbeam.schemas.rejections import reject
-from evalbeam.schemas.safe_json import MAX_ROW_BYTES
+from evalbeam.schemas.safe_json import MAX_ROW_BYTES, lone_surrogate
 
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
@@ -230,6 +230,10 @@ def expand_source(name: str, pattern: str, known_formats: bool = True) -> Source
                          "globs such as 'preds/*.jsonl' are expanded by evalbeam, so quote them.")
     files = sorted(m.path for m in results)
     for meta in sorted(results, key=lambda m: m.path):
+        if lone_surrogate(meta.path):   # a name's undecodable bytes, as Python reads them
+            raise InputError(f"the name of {meta.path!r} (matched for {name}) is not UTF-8 text: "
+                             "evalbeam records every input file in run.json, a UTF-8 file, and "
+                             "names it in rejected.jsonl. Rename the file.")
         if os.path.isdir(meta.path):
             raise InputError(f"{meta.path} (given for {name}) is a folder: give its files as a "
                              f"quoted glob, e.g. '{meta.path.rstrip('/')}/*.jsonl'.")
