@@ -38,3 +38,21 @@ def test_dofn_setup_and_cli_tune_their_process(thresholds, capsys):
     gc.set_threshold(700, 10, 10)
     run_cli_here(["classification", "--help"], capsys)
     assert gc.get_threshold() == (YOUNG, 10, 10)
+
+
+def test_a_coco_parse_leaves_the_collector_as_it_found_it():
+    """schemas.coco_rows parses with the collector off (a parse makes no cycles) and restores
+    it, after a broken document too; a collector someone else turned off stays off."""
+    from evalbeam.schemas.coco_rows import coco_document
+
+    assert gc.isenabled()
+    value, problem = coco_document(b'{"images": [], "annotations": [], "categories": []}')
+    assert problem is None and value["images"] == [] and gc.isenabled()
+    value, problem = coco_document(b'{"images": [')
+    assert value is None and "cut short" in problem and gc.isenabled()
+    gc.disable()
+    try:
+        coco_document(b"[]")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
