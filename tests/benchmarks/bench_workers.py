@@ -1,12 +1,13 @@
 """Worker scaling on one machine: every task on the multi-process DirectRunner with 1 and with 2
 worker processes, on the same files, interleaved, and the ratio of the medians (time with 1
-worker / time with 2). Sizes are where the work dominates the runner's start-up (a few
-seconds): each task's benchmark size (segmentation: 2,000 maps, as bench_segmentation.py).
+worker / time with 2). Sizes are where the work dominates the ~2.5 s of start-up and tail
+(tests/benchmarks/README.md, 2026-11-27); detection also from native rows (the same images as
+JSONL read in spans: a COCO .json is one document that one worker parses).
 
     pip install -e ".[test,bench]"
-    python tests/benchmarks/bench_workers.py                     # every task, 3 repeats, ~25 min
+    python tests/benchmarks/bench_workers.py                     # every task, 3 repeats, ~30 min
     python tests/benchmarks/bench_workers.py --tasks retrieval --repeats 1
-    python tests/benchmarks/bench_workers.py --tasks segmentation --sizes segmentation=10000
+    python tests/benchmarks/bench_workers.py --tasks classification --sizes classification=1000000
 
 A 2-core machine bounds the ratio by 2; the target is segmentation's 1.69x (issue 19).
 """
@@ -25,8 +26,8 @@ sys.path.insert(0, HERE)
 from bench_classification import machine_info  # noqa: E402
 from scaling_study import run_one, task_command  # noqa: E402
 
-SIZES = {"classification": 1_000_000, "detection": 10_000, "detection_native": 50_000,
-         "segmentation": 2_000, "text": 100_000, "retrieval": 100_000}
+SIZES = {"classification": 3_000_000, "detection": 10_000, "detection_native": 50_000,
+         "segmentation": 10_000, "text": 100_000, "retrieval": 300_000}
 
 
 def main(argv: list[str]) -> int:
