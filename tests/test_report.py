@@ -6,9 +6,11 @@ Also `evalbeam report DIR` on a finished run, and the page's bounds (sizes, capp
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import random
+import re
 
 import pytest
 
@@ -221,6 +223,23 @@ def test_sweep_page_lists_the_baseline_problems_as_text(tmp_path):
     assert items == [("warning", f"warning baseline_data_differs: {text}") for text in messages] + \
         [("warning", "warning leaderboard: few datums")]
     assert sorted(tags) == sorted(page_problems(plain)[1] + ["li", "code"] * 2)    # no element of theirs
+
+
+def test_sweep_page_names_its_baseline_folder_escaped(tmp_path):
+    """A sweep with --baseline: its page says which earlier sweep the change bounds were
+    checked against (a run's page says it in its comparison card), the path escaped."""
+    from evalbeam.pipelines import report
+
+    cells = [{"dataset": "golden", "model": "a", "status": "complete", "ran": True}]
+    folder = f"/sweeps/{HOSTILE[0]}"
+    report.write_sweep_report(str(tmp_path), str(tmp_path / "report.html"),
+                              info={"status": "complete", "cells": cells}, baseline=folder)
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    shown = re.search(r'<code id="baseline-folder">(.*?)</code>', page, re.S)
+    assert shown and html.unescape(shown.group(1)) == folder and HOSTILE[0] not in page
+    report.write_sweep_report(str(tmp_path), str(tmp_path / "plain.html"),
+                              info={"status": "complete", "cells": cells})
+    assert "baseline-folder" not in (tmp_path / "plain.html").read_text(encoding="utf-8")
 
 
 def test_report_command_on_a_finished_run(tmp_path, capsys):
