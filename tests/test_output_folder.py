@@ -369,3 +369,30 @@ def test_parts_are_created_whole(tmp_path):
         with created_whole(str(tmp_path / "taken")) as out:
             out.write(b"x")
     assert sorted(os.listdir(tmp_path)) == ["part-00001.jsonl", "taken"]
+
+
+def test_a_removal_that_fails_leaves_a_failed_run_json_not_a_running_one(tmp_path, monkeypatch, capsys):
+    """start() says "running" in run.json, then removes the earlier outputs; when a removal
+    fails (here: every one), the run stops with exit 2 and run.json says "failed" with the
+    reason, listing the earlier outputs still there, so the next run replaces them as its own.
+    Before, run.json went on saying "running" for a run that never started."""
+    from apache_beam.io.filesystems import FileSystems
+
+    data = small_dataset(tmp_path)
+    out = tmp_path / "out"
+    assert run(data, out) == 0
+    before = {n: (out / n).read_bytes() for n in ("metrics.jsonl", "rejected.jsonl")}
+
+    def refuse(paths):
+        raise OSError(13, "Permission denied", str(paths[0]))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FileSystems, "delete", staticmethod(refuse))
+        done = run_cli_here(classification_args(data, out), capsys)
+    assert done.returncode == 2 and "Permission denied" in done.stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "failed" and "Permission denied" in info["error"]
+    assert set(info["files"]) == set(before)
+    assert {n: (out / n).read_bytes() for n in before} == before      # nothing else changed
+    assert run(data, out) == 0
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"

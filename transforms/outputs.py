@@ -226,7 +226,11 @@ class OutputFolder:
 
     def start(self, run_info: dict) -> None:
         """Mark the folder as taken by this run, then remove the earlier outputs and the
-        temporary folders of killed runs. Raises InputError when the folder is not writable."""
+        temporary folders of killed runs. Raises InputError when the folder is not writable;
+        once run.json said "running", it then says "failed" with the reason and lists the
+        earlier outputs still there (a removal can fail half way: an undeletable file, a
+        folder whose permissions changed), so the folder never claims a run that is not one."""
+        listed = None
         try:
             if not FileSystems.exists(self.folder):
                 FileSystems.mkdirs(self.folder)
@@ -238,10 +242,16 @@ class OutputFolder:
                 FileSystems.delete(stale)
             self._write_run_json(dict(run_info, status=RUNNING, files={}))
             self.make_temp()
-        except InputError:
-            raise
         except Exception as error:
-            raise InputError(f"cannot write to the output folder {self.folder!r}: {error}") from None
+            message = str(error) if isinstance(error, InputError) else \
+                f"cannot write to the output folder {self.folder!r}: {error}"
+            if listed is not None:
+                left = {n: size for n, size in listed.items() if _exists(self.final(n))}
+                try:
+                    self._write_run_json(dict(run_info, status=FAILED, files=left, error=message))
+                except Exception:   # the folder refuses even that: "running" stays, not "complete"
+                    pass
+            raise InputError(message) from None
 
     def make_temp(self) -> str:
         """Make this run's temporary folder and mark it as evalbeam's (TEMP_MARKER), so that a
