@@ -20,7 +20,7 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layer
     h + tanh(h W + b) of width dim, then a dense layer) over [UNK], [BOS] and `words`; the
     tokenizer lower-cases, splits on words and punctuation and starts every text with [BOS].
     Returns the folder."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.normalizers import Lowercase
@@ -53,13 +53,7 @@ def write_tiny_causal_lm(folder, dim: int = 8, seed: int = 0, words=WORDS, layer
                   helper.make_node("Add", [f"hidden{layer}", f"t{layer}"], [f"hidden{layer + 1}"])]
     nodes += [helper.make_node("MatMul", [f"hidden{layers}", "dense"], ["scores"]),
               helper.make_node("Add", ["scores", "bias"], ["logits"])]
-    graph = helper.make_graph(
-        nodes, "tiny_causal_lm",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", size])],
-        initializer=weights)
-    return save(graph, folder)
+    return save_causal_lm(nodes, weights, "tiny_causal_lm", size, folder)
 
 
 def write_transformer_lm(folder, dim: int = 64, layers: int = 2, heads: int = 4, positions: int = 256,
@@ -71,7 +65,7 @@ def write_transformer_lm(folder, dim: int = 64, layers: int = 2, heads: int = 4,
     ([BOS] first). Right padding changes no real token's logits (the causal mask keeps padding
     out of their attention), so the attention_mask input is declared and unused, as a
     causal LM's can be. Texts are at most `positions` tokens. Returns the folder."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     folder = write_tiny_causal_lm(folder, dim=dim, seed=seed, words=words)
     size = len(vocabulary(folder))
@@ -152,11 +146,20 @@ def write_transformer_lm(folder, dim: int = 64, layers: int = 2, heads: int = 4,
         hidden = node("Add", [hidden, dense(gelu, f"{name}_out", 4 * dim, dim)], f"h{layer + 1}")
     final = norm(hidden, "ln_f")
     node("MatMul", [final, node("Transpose", [embedding], "wte_t", perm=[1, 0])], "logits")
+    return save_causal_lm(nodes, weights, "transformer_lm", size, folder)
+
+
+def save_causal_lm(nodes: list, weights: list, name: str, vocabulary_size: int, folder: Path) -> Path:
+    """A causal LM's graph (inputs input_ids and attention_mask, output logits [batch,
+    sequence, vocabulary_size]) saved as folder/model.onnx."""
+    from onnx import TensorProto, helper
+
+    tokens = ["batch", "sequence"]
     graph = helper.make_graph(
-        nodes, "transformer_lm",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", size])],
+        nodes, name,
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, tokens),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, tokens)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, tokens + [vocabulary_size])],
         initializer=weights)
     return save(graph, folder)
 
