@@ -10,6 +10,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.testing.util import assert_that, equal_to
 
+from evalbeam.pipelines.common import local_pipeline
 from evalbeam.transforms.grouping import INLINE, SPILLED, group_by_shard, pack, unpack
 
 
@@ -42,7 +43,7 @@ def test_grouped_pieces_and_meter_whatever_crosses(tmp_path, monkeypatch):
     pickled = sum(len(pickle.dumps(p, protocol=5)) for _, p in elements)
     for spill in ("0", "100000000"):
         monkeypatch.setenv("EVALBEAM_SPILL_BYTES", spill)
-        with beam.Pipeline() as p:
+        with local_pipeline() as p:
             grouped, stats = group_by_shard(p | beam.Create(elements), str(tmp_path / spill))
             counted = stats | beam.CombinePerKey(sum)
             assert_that(grouped | beam.Map(lambda kv: (kv[0], sorted(kv[1]))),
@@ -97,7 +98,7 @@ def test_combine_states_adds_every_partial_once_spilled_or_not(tmp_path, monkeyp
                 for k in range(3)]
     for spill in ("0", "100000000"):
         monkeypatch.setenv("EVALBEAM_SPILL_BYTES", spill)
-        with beam.Pipeline() as p:
+        with local_pipeline() as p:
             assert_that(combine_states(p | beam.Create(partials, reshuffle=False), str(tmp_path / spill)),
                         equal_to(expected))
         assert [t.values for _, t in partials[:2]] == [[0, 0], [1, 10]]
