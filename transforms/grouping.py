@@ -64,16 +64,16 @@ def pack(element, spill_dir: str | None, spill_bytes: int = SPILL_BYTES) -> tupl
 
 def unpack(element) -> tuple:
     """(key, packed values) -> (key, [value, ...])."""
-    shard, packed = element
-    pieces = []
+    key, packed = element
+    values = []
     for value in packed:
         if value[:1] == INLINE:
-            pieces.append(pickle.loads(value[1:]))
+            values.append(pickle.loads(value[1:]))
             continue
         path = value[1 + SIZE.size:].decode("utf-8")
         with FileSystems.open(path, compression_type="uncompressed") as stream:
-            pieces.append(pickle.loads(stream.read()))
-    return shard, pieces
+            values.append(pickle.loads(stream.read()))
+    return key, values
 
 
 class _MeterPacked(MeterShuffle):
