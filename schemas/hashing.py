@@ -101,8 +101,7 @@ def fingerprint_sums(hashes: np.ndarray) -> tuple[int, int]:
     """The two sums, mod 2^64, of a set of datum hashes (uint64[n], each datum once) mixed with
     two seeds. Sums of the parts of any split of the set add up (mod 2^64) to the sums of the
     whole, so shards of any runner combine them in any order; fingerprint() writes them out."""
-    with np.errstate(over="ignore"):
-        return tuple(int(_mixed(hashes, seed).sum(dtype=np.uint64)) for seed in _MIX_SEEDS)
+    return tuple(int(_mixed(hashes, seed).sum(dtype=np.uint64)) for seed in _MIX_SEEDS)
 
 
 def fingerprint(sums: tuple[int, int]) -> str:

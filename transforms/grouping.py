@@ -35,11 +35,9 @@ import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 
 from evalbeam.transforms.io import created_whole, is_local, join
-from evalbeam.transforms.meters import SPILLED_BYTES, MeterShuffle
+from evalbeam.transforms.meters import SPILLED_BYTES, MeterShuffle, in_global_window
 
 STAGE = "GroupByShard"
 SPILL_BYTES = 1 << 16       # larger pickles go to a file in the spill folder
@@ -98,8 +96,7 @@ class _MeterPacked(MeterShuffle):
     def finish_bundle(self):
         yield from super().finish_bundle()
         if self.spilled:
-            yield WindowedValue(((SPILLED_BYTES, self.stage), self.spilled),
-                                GlobalWindow().max_timestamp(), (GlobalWindow(),))
+            yield in_global_window(((SPILLED_BYTES, self.stage), self.spilled))
 
 
 def _runner_name(options) -> str:

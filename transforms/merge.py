@@ -20,11 +20,9 @@ import json
 import typing
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 
 from evalbeam.transforms.grouping import pack, spill_folder, spill_size, unpack
-from evalbeam.transforms.meters import meter, meter_states
+from evalbeam.transforms.meters import in_global_window, meter, meter_states
 
 
 def records_of(element, state_records, *args, by_model: bool = False, **kwargs):
@@ -84,8 +82,7 @@ class _MergeInBundle(beam.DoFn):
     def finish_bundle(self):
         states, self.states = self.states, {}
         for key in sorted(states):
-            yield WindowedValue(pack((key, states[key]), self.spill_dir, self.spill_bytes),
-                                GlobalWindow().max_timestamp(), (GlobalWindow(),))
+            yield in_global_window(pack((key, states[key]), self.spill_dir, self.spill_bytes))
 
 
 def _merged(element):

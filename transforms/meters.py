@@ -38,6 +38,12 @@ SHUFFLE_COUNTERS = (SHUFFLE_ELEMENTS, SHUFFLE_BYTES, SPILLED_BYTES, LARGEST_STAT
 METER_COUNTERS = SHUFFLE_COUNTERS + (DATUMS, DATUM_SUM_A, DATUM_SUM_B)
 
 
+def in_global_window(value) -> WindowedValue:
+    """value as a finish_bundle output, which has no input element to take a window from: in
+    the global window (every evalbeam pipeline is batch, in the global window)."""
+    return WindowedValue(value, GlobalWindow().max_timestamp(), (GlobalWindow(),))
+
+
 class Largest(int):
     """A stats value that combines by maximum instead of sum."""
 
@@ -74,8 +80,7 @@ class MeterShuffle(beam.DoFn):
     def finish_bundle(self):
         if self.elements:
             for counter, n in ((SHUFFLE_ELEMENTS, self.elements), (SHUFFLE_BYTES, self.bytes)):
-                yield WindowedValue(((counter, self.stage), n), GlobalWindow().max_timestamp(),
-                                    (GlobalWindow(),))
+                yield in_global_window(((counter, self.stage), n))
 
 
 def meter(pcoll, stage: str):

@@ -218,19 +218,16 @@ class MatchText(ProgressDoFn):
         slowest retry chain before starting the next shard's calls."""
         if not self.pending:
             return
-        from apache_beam.transforms.window import GlobalWindow
-        from apache_beam.utils.windowed_value import WindowedValue
-
         from evalbeam.transforms.judge.judged_text import judge_datums
+        from evalbeam.transforms.meters import in_global_window
 
         pending, self.pending = self.pending, []
         judged_rows = judge_datums(self.session, self.config, [p[3] for p in pending], self.idf)
 
         def windowed(output):
-            # finish_bundle has no input element to inherit a window from: the global window
             if isinstance(output, beam.pvalue.TaggedOutput):
-                return beam.pvalue.TaggedOutput(output.tag, windowed(output.value))
-            return WindowedValue(output, GlobalWindow().max_timestamp(), (GlobalWindow(),))
+                return beam.pvalue.TaggedOutput(output.tag, in_global_window(output.value))
+            return in_global_window(output)
 
         for (shard, states, score_rows, _, hashes, weights), rows in zip(pending, judged_rows):
             score_rows.extend(rows)
