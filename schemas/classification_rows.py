@@ -53,6 +53,7 @@ from evalbeam.schemas.formats import (SkippedLine, deep_lines, is_utf8, nonblank
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.schemas.limits import (MAX_LABEL_CHARS, MAX_UID_CHARS, label_length_problem,
                                      uid_length_problem)
+from evalbeam.schemas.ordering import grouped_order
 from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, lone_surrogate, loads_row,
                                         slice_value_problem, surrogate_reason)
 
@@ -559,12 +560,35 @@ class LabelRows:
         )
 
     def partition(self, num_shards: int) -> dict[int, "LabelRows"]:
-        """Rows grouped by shard = hash mod num_shards."""
+        """Rows grouped by shard = hash mod num_shards: for each shard present, what
+        take(its rows in input order) gives. The labels are ordered once for every shard (a take
+        per shard read every label once per shard: 28 shards, 28 passes)."""
         shard = (self.hash % np.uint64(num_shards)).astype(np.int64)
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(num_shards + 1))
-        return {s: self.take(order[bounds[s]:bounds[s + 1]])
-                for s in range(num_shards) if bounds[s + 1] > bounds[s]}
+        new_index = np.empty(len(self), dtype=np.int64)
+        new_index[order] = np.arange(len(self))
+        label_index = new_index[self.label_row]
+        by_row = grouped_order(label_index)          # label_row ascends: one run per row
+        label_index = label_index[by_row]
+        label_bounds = np.searchsorted(label_index, bounds)
+        pieces = {}
+        for s in range(num_shards):
+            lo, hi = bounds[s], bounds[s + 1]
+            if hi == lo:
+                continue
+            rows, labels = order[lo:hi], by_row[label_bounds[s]:label_bounds[s + 1]]
+            taken = pa.array(rows)
+            pieces[s] = LabelRows(
+                uid=self.uid.take(taken), position=self.position[rows],
+                file_id=self.file_id[rows], hash=self.hash[rows],
+                label_row=(label_index[label_bounds[s]:label_bounds[s + 1]] - lo).astype(np.int32),
+                key_code=self.key_code[labels], key_names=self.key_names,
+                value_code=self.value_code[labels], value_names=self.value_names,
+                label_score=None if self.label_score is None else self.label_score[labels],
+                slices={k: v.take(taken) for k, v in self.slices.items()},
+            )
+        return pieces
 
     def codes_in(self, names: list, codes: np.ndarray, vocabulary: list[str]) -> np.ndarray:
         """Map codes of `names` to positions in the sorted `vocabulary` (-1 when absent)."""

@@ -6,6 +6,7 @@ test_classification_oracle.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics as skm
 
+from evalbeam.schemas.classification_rows import LabelRows
+from evalbeam.schemas.ordering import grouped_order
 from evalbeam.transforms.kernels.classification import (
     DEFAULT_PR_THRESHOLDS,
     ClassificationConfig,
@@ -679,6 +682,57 @@ def test_property_roc_auc_equals_sklearn(rows):
         assert auc is None
     else:
         assert auc == pytest.approx(skm.roc_auc_score(labels, scores), abs=TOL)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_grouped_order_is_the_stable_argsort(seed):
+    """Entries in runs per datum (one run each, or a datum split over several runs, or no runs
+    at all): grouped_order gives np.argsort(kind="stable")'s permutation exactly."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        datums = rng.permutation(n) if seed % 2 else rng.integers(0, max(1, n // 3), n)
+        keys = np.repeat(datums, rng.integers(1, 7, n)).astype(np.int64)
+        if seed % 4 == 3:                      # short runs: the plain sort's branch
+            keys = rng.integers(0, 6, int(rng.integers(0, 30))).astype(np.int64)
+        assert np.array_equal(grouped_order(keys), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scored", [False, True])
+def test_partition_is_a_take_per_shard(seed, scored):
+    """LabelRows.partition orders the labels once for every shard; each piece must be what
+    take(the shard's rows) gives, field for field (rows without labels, rows of many)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    per_row = rng.integers(0, 5, n)
+    k = int(per_row.sum())
+    rows = LabelRows(
+        uid=pa.array([f"d{i}" for i in range(n)]), position=np.arange(n, dtype=np.int64) + 1,
+        file_id=rng.integers(0, 3, n).astype(np.int32),
+        hash=rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64),
+        label_row=np.repeat(np.arange(n), per_row).astype(np.int32),
+        key_code=rng.integers(0, 2, k).astype(np.int32), key_names=["a", "b"],
+        value_code=rng.integers(0, 4, k).astype(np.int32), value_names=["w", "x", "y", "z"],
+        label_score=rng.random(k) if scored else None,
+        slices={"region": pa.array([f"r{i % 3}" for i in range(n)])})
+    shards = int(rng.integers(1, 40))
+    shard = (rows.hash % np.uint64(shards)).astype(np.int64)
+    pieces = rows.partition(shards)
+    assert sorted(pieces) == sorted(set(shard.tolist()))
+    for s, piece in pieces.items():
+        expected = rows.take(np.flatnonzero(shard == s))
+        for field in dataclasses.fields(LabelRows):
+            got, want = getattr(piece, field.name), getattr(expected, field.name)
+            if field.name == "slices":
+                assert {key: v.to_pylist() for key, v in got.items()} == \
+                    {key: v.to_pylist() for key, v in want.items()}
+            elif isinstance(want, pa.Array):
+                assert got.equals(want)
+            elif isinstance(want, np.ndarray):
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+            else:
+                assert got == want
 
 
 # ----------------------------------------------------------------------------- ranking

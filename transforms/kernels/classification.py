@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from evalbeam.schemas.ordering import grouped_order
 from evalbeam.transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
 from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap
 from evalbeam.transforms.kernels.calibration import (BINNINGS, CALIBRATION_TYPES, DEFAULT_BINS,
@@ -511,7 +512,8 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     n, V = gt_value.size, n_values
     # Work in hash order: datums sorted by hash, entries by datum. "First in sequence" is then
     # "smallest hash", the documented rule for examples, and no per-threshold sort is needed.
-    order = np.argsort(datum_hash, kind="stable")
+    # any sort will do: tied hashes are ordered by uid just below
+    order = np.argsort(datum_hash)
     if n > 1 and (datum_hash[order][1:] == datum_hash[order][:-1]).any():
         # Two uids share a 64-bit hash (rare): the uid breaks the tie, never the input order.
         uids = datum_uid.to_pylist() if hasattr(datum_uid, "to_pylist") else list(datum_uid)
@@ -520,7 +522,7 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     rank[order] = np.arange(n)
     gt_value, datum_hash = gt_value[order], datum_hash[order]
     entry_datum = rank[entry_datum]
-    e_order = np.argsort(entry_datum, kind="stable")
+    e_order = grouped_order(entry_datum)
     entry_datum, entry_value, entry_score = entry_datum[e_order], entry_value[e_order], entry_score[e_order]
 
     def examples(group, position, score) -> ExampleSet:

@@ -40,9 +40,11 @@ class ScoreHistogram:
         """Sort (value, score) rows and add up the counts of repeated pairs."""
         if value.size == 0:
             return ScoreHistogram.empty()
-        # Two stable passes (by score, then by value) instead of np.lexsort: the second pass
-        # sorts small integers, for which numpy uses a radix sort.
-        order = np.argsort(score, kind="stable")
+        # Two passes (by score, then stably by value) instead of np.lexsort: the second pass
+        # sorts small integers, for which numpy uses a radix sort. The first need not be stable:
+        # rows of one (value, score) are added up, so their order is lost anyway (and numpy's
+        # default sort of floats is 1.7x faster than its stable one).
+        order = np.argsort(score)
         small = np.int16 if int(value.max()) < np.iinfo(np.int16).max else np.int64
         order = order[np.argsort(value[order].astype(small), kind="stable")]
         value, score, pos, neg = value[order], score[order], pos[order], neg[order]
