@@ -7,7 +7,8 @@ does the same for row dicts of a user's PCollections. MatchDetection computes ea
 DetectionState (transforms/kernels/detection.py) per shard and slice; combine_states
 (transforms/merge.py) merges the states of each (model, slice), and records_of turns each merged
 state into records with the kernel's state_records (pycocotools' accumulate and summarize, or
-Valor's metrics).
+Valor's metrics). Under the coco protocol's exact state the merge and the accumulation run per
+(model, slice, category) instead (_records_by_category; pipelines/detection.md).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, image_pair_counts,
-                                                   pair_box_iou,
-                                                   state_records)
+                                                   category_parts, category_records,
+                                                   category_result, pair_box_iou,
+                                                   splits_by_category, state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
-from evalbeam.transforms.merge import merged_records
+from evalbeam.transforms.merge import (STATE_KEY, combine_states, merged_records, metered_states,
+                                      records_of)
 
 TAG_CATEGORIES = "categories"
 TAG_PRESENCE = "presence"
@@ -734,12 +737,42 @@ def _evaluate(read, categories, config: DetectionConfig, models, slices, files, 
                                                       presence), categories)
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, categories, config,
-                                           spill_dir=spill_dir)
+    if splits_by_category(config):
+        metrics, state_meters = _records_by_category(matched.partials, categories, config, spill_dir)
+    else:
+        metrics, state_meters = merged_records(matched.partials, state_records, categories, config,
+                                               spill_dir=spill_dir)
     rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
     stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
              | "AllStats" >> beam.Flatten())
     return metrics, rejected, stats, (matched[TAG_PRESENCE] if presence else None)
+
+
+def _by_category(element):
+    """((model, slice JSON), state) -> (((model, slice JSON), label), the label's part) per
+    label of the state (kernels.detection.category_parts)."""
+    key, state = element
+    for k, part in category_parts(state):
+        yield (key, k), part
+
+
+def _category_result(element):
+    (key, k), state = element
+    return key, (k, category_result(k, state))
+
+
+def _records_by_category(partials, categories, config: DetectionConfig, spill_dir):
+    """merged_records for the states that split by category (kernels.detection
+    splits_by_category): the states merged per (model, slice, label) and accumulated there, on
+    as many keys as labels, then each (model, slice)'s label results gathered into its records.
+    Returns (records, meter stats); MergeStates counts the label parts."""
+    parts = partials | "ByCategory" >> beam.FlatMap(_by_category)
+    combined = combine_states(parts, spill_dir, key_type=typing.Tuple[STATE_KEY, int])
+    records = (combined
+               | "CategoryResults" >> beam.Map(_category_result)
+               | "GatherCategories" >> beam.GroupByKey()
+               | "Records" >> beam.FlatMap(records_of, category_records, categories, config))
+    return records, metered_states(parts, combined)
 
 
 class EvaluateDetection(EvaluateRows):

@@ -96,12 +96,16 @@ def _merged(element):
     return key, total.compact() if hasattr(total, "compact") else total
 
 
-def combine_states(partials, spill_dir: str | None = None):
+STATE_KEY = typing.Tuple[str, str]       # (model, slice JSON)
+
+
+def combine_states(partials, spill_dir: str | None = None, key_type=STATE_KEY):
     """((model, slice JSON), partial state) pairs -> (key, merged state) per key, compacted;
-    a None partial state is empty (a key with nothing else is not output)."""
+    a None partial state is empty (a key with nothing else is not output). key_type: the keys'
+    type hint, which picks their (deterministic) coder for the grouping."""
     spill_dir = spill_folder(spill_dir, partials.pipeline.options)
     grouped = (partials
                | "MergeInBundles" >> beam.ParDo(_MergeInBundle(spill_dir, spill_size()))
-               .with_output_types(typing.Tuple[typing.Tuple[str, str], bytes])
+               .with_output_types(typing.Tuple[key_type, bytes])
                | "GroupStates" >> beam.GroupByKey())
     return grouped | "Combine" >> beam.Map(_merged)

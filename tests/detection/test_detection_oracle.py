@@ -33,7 +33,10 @@ from pycocotools.cocoeval import COCOeval
 
 from evalbeam.schemas.coco_rows import box_rows, image_rows
 from evalbeam.transforms.detection import shard_state
-from evalbeam.transforms.kernels.detection import SUMMARY_NAMES, CocoState, accumulate, summarize
+from evalbeam.transforms.kernels.detection import (COCO as COCO_PROTOCOL, SUMMARY_NAMES, CocoState,
+                                                   DetectionConfig, DetectionState, accumulate,
+                                                   category_parts, category_records,
+                                                   category_result, state_records, summarize)
 
 SEEDS = list(range(9))
 SPLITS = ["day", "night", "dusk"]
@@ -466,6 +469,49 @@ def test_merged_shard_states_equal_one_state(cases, seed, iou_type):
             precision, recall = accumulate(merged)
             assert np.array_equal(precision, whole[0]), (seed, iou_type, n_groups)
             assert np.array_equal(recall, whole[1]), (seed, iou_type, n_groups)
+
+
+@pytest.mark.parametrize("iou_type", ["bbox", "segm"])
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_type):
+    """The pipeline merges and accumulates the coco protocol's states per category (category_parts
+    on every shard's state, the parts of a label merged in any order, category_result, then
+    category_records): the records equal state_records of the whole merged state, value for
+    value, with categories lacking ground truth or detections and shards lacking some labels."""
+    dataset, results = cases(seed, iou_type)
+    area_from_bbox = first_has_bbox(results)
+    categories = {"id": sorted(c["id"] for c in dataset["categories"])}
+    categories["name"] = [f"c{i}" for i in categories["id"]]
+    config = DetectionConfig(iou_type, COCO_PROTOCOL)
+    whole = list(state_records(DetectionState(product_state(dataset, results, iou_type,
+                                                            area_from_bbox)), categories, config))
+    rng = np.random.default_rng(seed + 5)
+    image_ids = [im["id"] for im in dataset["images"]]
+    for n_groups in (1, 3, len(image_ids)):
+        group = rng.permutation(np.arange(len(image_ids)) % n_groups)
+        by_label: dict = {}
+        for k in rng.permutation(n_groups):
+            state = DetectionState(product_state(dataset, results, iou_type, area_from_bbox,
+                                                 [i for i, g in zip(image_ids, group) if g == k]))
+            for label, part in category_parts(state):
+                held = by_label.get(label)
+                by_label[label] = part if held is None else held.merge(part)
+        labels = list(by_label)
+        rng.shuffle(labels)
+        got = list(category_records([(k, category_result(k, by_label[k])) for k in labels],
+                                    categories, config))
+        assert json.dumps(got) == json.dumps(whole), (seed, iou_type, n_groups)
+
+
+def test_per_category_parts_of_an_empty_state_keep_the_key():
+    """A (model, slice) without ground truth or detections still gets its records (all -1)."""
+    empty = DetectionState(CocoState(3, np.zeros((3, 4), np.int64)))
+    assert [k for k, _ in category_parts(empty)] == [-1]
+    categories = {"id": [1, 2, 3], "name": ["a", "b", "c"]}
+    config = DetectionConfig("bbox", COCO_PROTOCOL)
+    got = list(category_records([(-1, category_result(-1, empty))], categories, config))
+    assert json.dumps(got) == json.dumps(list(state_records(empty, categories, config)))
+    assert got[0]["value"]["AP"] == -1.0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -340,10 +340,12 @@ def pair_box_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, gt_crowd: np.ndarra
 
 def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
                recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
-               max_dets: tuple[int, ...] = MAX_DETS, with_scores: bool = False):
+               max_dets: tuple[int, ...] = MAX_DETS, with_scores: bool = False,
+               categories: np.ndarray | None = None):
     """precision float64[T, R, K, A, M] and recall float64[T, K, A, M], -1 where undefined,
     with pycocotools' accumulate() arithmetic (the same float operations, all area ranges of a
-    category at once). A max_dets entry of None keeps every detection.
+    category at once). A max_dets entry of None keeps every detection. categories: the label
+    indices to compute, in that order (K of the arrays is then their number; default all).
 
     with_scores=True also returns, third, pycocotools' scores float64[T, R, K, A, M]: at each
     recall threshold the score of the detection the interpolated precision is read at
@@ -352,20 +354,21 @@ def accumulate(state: CocoState, thresholds: np.ndarray = IOU_THRESHOLDS,
     first true positive whose recall reaches it; for a threshold <= 0 it is the first detection
     (the highest score), whatever it is. 0 where the curve does not reach the threshold (or the
     category has ground truth but no detection), -1 where precision is -1."""
-    T, R, K, A, M = thresholds.size, recall_thresholds.size, state.n_categories, state.tp.shape[1], len(max_dets)
+    chosen = np.arange(state.n_categories) if categories is None else np.asarray(categories)
+    T, R, K, A, M = thresholds.size, recall_thresholds.size, chosen.size, state.tp.shape[1], len(max_dets)
     precision = -np.ones((T, R, K, A, M))
     recall = -np.ones((T, K, A, M))
     scores = -np.ones((T, R, K, A, M)) if with_scores else None
     at_first = recall_thresholds <= 0          # read at the first detection (pycocotools' pi = 0)
     order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
     category = state.category[order]
-    bounds = np.searchsorted(category, np.arange(K + 1))
-    for k in range(K):
-        areas = np.flatnonzero(state.n_gt[k] > 0)
+    bounds = np.searchsorted(category, np.arange(state.n_categories + 1))
+    for k, label in enumerate(chosen.tolist()):
+        areas = np.flatnonzero(state.n_gt[label] > 0)
         if not areas.size:
             continue
-        npig = state.n_gt[k, areas].astype(np.int64)
-        rows = order[bounds[k]:bounds[k + 1]]
+        npig = state.n_gt[label, areas].astype(np.int64)
+        rows = order[bounds[label]:bounds[label + 1]]
         for m, max_det in enumerate(max_dets):
             kept = rows if max_det is None else rows[state.rank[rows] < max_det]
             nd = kept.size
@@ -1258,6 +1261,67 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
     if matches.n_gt_replicates is not None:
         replicates, per_category = summarize_replicates(*accumulate_replicates(
             matches, config.bootstrap, precision_at=(MAX_DETS.index(MAX_DETS[2]),)))
+    yield from _coco_records(precision, recall, scores, categories, iou_type, replicates, per_category)
+
+
+# ----------------------------------------------------------------------------- per category
+
+def splits_by_category(config: DetectionConfig) -> bool:
+    """Whether a (model, slice)'s states are merged and accumulated per category (category_parts,
+    category_result, category_records) rather than whole: the coco protocol's exact state
+    without bootstrap replicates, whose every number but the means over categories is one
+    category's. The merged state grows with the detections (23 GB for 10 M COCO images); per
+    category it is spread over as many keys as there are categories, merged and accumulated on
+    different workers."""
+    protocol = config.protocol
+    return protocol.name == "coco" and not protocol.score_bins and config.bootstrap is None
+
+
+def category_parts(state: DetectionState) -> list[tuple[int, DetectionState]]:
+    """A CocoState-holding DetectionState -> (label k, the state of k's rows, with the ground
+    truth counts of k alone) for every label with rows or ground truth, in label order; for a
+    state with neither, [(-1, an empty state)], so that its key still gets its records."""
+    m = state.matches
+    K = m.n_categories
+    order = np.argsort(m.category, kind="stable")
+    bounds = np.searchsorted(m.category[order], np.arange(K + 1))
+    parts = []
+    for k in np.flatnonzero((np.diff(bounds) > 0) | (m.n_gt.sum(axis=1) > 0)).tolist():
+        rows = order[bounds[k]:bounds[k + 1]]
+        n_gt = np.zeros_like(m.n_gt)
+        n_gt[k] = m.n_gt[k]
+        parts.append((k, DetectionState(CocoState(K, n_gt, m.category[rows], m.score[rows],
+                                                  m.image_key[rows], m.rank[rows], m.tp[rows],
+                                                  m.fp[rows]))))
+    return parts or [(-1, DetectionState(CocoState(K, np.zeros_like(m.n_gt))))]
+
+
+def category_result(k: int, state: DetectionState):
+    """The merged state of label k -> (precision float64[T, R, A, M], recall [T, A, M], scores
+    [T, R, A, M]): accumulate()'s arrays of that label; None for the -1 placeholder."""
+    if k < 0:
+        return None
+    precision, recall, scores = accumulate(state.matches, with_scores=True, categories=[k])
+    return precision[:, :, 0], recall[:, 0], scores[:, :, 0]
+
+
+def category_records(results, categories: dict, config: DetectionConfig):
+    """(label k, category_result) pairs of one (model, slice), in any order -> the records
+    state_records gives for the whole merged state (a label without a pair has no ground truth
+    and no detection: -1 throughout, as accumulate leaves it)."""
+    K, T, R, A, M = len(categories["id"]), IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES), len(MAX_DETS)
+    precision, recall, scores = -np.ones((T, R, K, A, M)), -np.ones((T, K, A, M)), -np.ones((T, R, K, A, M))
+    for k, result in results:
+        if result is not None:
+            precision[:, :, k], recall[:, k], scores[:, :, k] = result
+    yield from _coco_records(precision, recall, scores, categories, config.iou_type)
+
+
+def _coco_records(precision, recall, scores, categories: dict, iou_type: str, replicates=None,
+                  per_category=None):
+    """accumulate()'s arrays over every label (and the bootstrap's summaries, or None) -> the
+    coco protocol's records: COCOSummary, a COCOClassSummary per category, an
+    InterpolatedPrecisionRecallCurve per IoU threshold and category."""
     summary = {"type": "COCOSummary", "value": summarize(precision, recall),
                "parameters": {"iou_type": iou_type, "protocol": "coco", "max_detections": list(MAX_DETS)}}
     if replicates is not None:
