@@ -31,7 +31,6 @@ import apache_beam as beam
 from evalbeam.pipelines.common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, make_pipeline,
                                        parse_models, parse_slices, quiet_logs, rejection_message,
                                        safe_beam_args, say_error, split_beam_args, versions)
-from evalbeam.transforms.line_spans import SPLIT_BYTES
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # the spec calls the launcher (TaskSpec.run), not the other way round
@@ -70,7 +69,7 @@ def parse_command(spec: TaskSpec, argv: list[str], exit_on_error: bool = True, p
     beam_args = split_beam_args(rest)
     if args.num_shards is not None and args.num_shards < 1:
         raise UsageError("--num_shards must be 1 or more")
-    if args.input_split_bytes < 0:
+    if args.input_split_bytes is not None and args.input_split_bytes < 0:
         raise UsageError("--input_split_bytes must be 0 (no splitting) or more")
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UsageError("--max_rejected_fraction must lie in [0, 1]")
@@ -147,10 +146,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "truth metadata keys (repeatable)")
     parser.add_argument("--num_shards", type=int, default=None,
                         help="number of datum shards (default: from the input size)")
-    parser.add_argument("--input_split_bytes", type=int, default=SPLIT_BYTES, metavar="N",
+    parser.add_argument("--input_split_bytes", type=int, default=None, metavar="N",
                         help="read an uncompressed JSONL or TREC file larger than this in byte "
-                             "spans, on several workers at once (default 64 MiB; 0: each file by "
-                             "one worker)")
+                             "spans, on several workers at once (default: the input in 32 spans "
+                             "of 8 to 64 MiB; 0: each file by one worker)")
     parser.add_argument("--max_rejected_fraction", type=float, default=0.0, metavar="F",
                         help="exit 0 even if up to this fraction of rows was rejected (default 0)")
     parser.add_argument("--overwrite", action="store_true",

@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="datum shards of every cell (default: per dataset, from its size)")
     parser.add_argument("--input_split_bytes", type=int, default=None, metavar="N",
                         help="read an uncompressed JSONL or TREC file larger than this in byte "
-                             "spans, on several workers at once (default 64 MiB; 0: each file by "
-                             "one worker)")
+                             "spans, on several workers at once (default: the input in 32 spans "
+                             "of 8 to 64 MiB; 0: each file by one worker)")
     sweep_finishing.add_arguments(parser)
     return parser
 

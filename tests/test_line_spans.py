@@ -11,7 +11,8 @@ import pytest
 
 from evalbeam.schemas.formats import jsonl_blocks
 from evalbeam.schemas.safe_json import iter_lines
-from evalbeam.transforms.line_spans import LineSpan, count_newlines, first_lines, plan_spans
+from evalbeam.transforms.line_spans import (LineSpan, auto_split_bytes, count_newlines, first_lines,
+                                            plan_spans)
 
 
 def random_file(seed: int) -> bytes:
@@ -100,3 +101,43 @@ def test_plan_spans():
     assert plan_spans(10, 10) == [(0, 10)]
     assert plan_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert plan_spans(0, 4) == [(0, 0)]
+
+
+def test_auto_split_bytes_makes_about_32_spans_of_8_to_64_mib():
+    """Without --input_split_bytes, a read's splittable bytes go in 32 spans (a runner gives
+    workers equal numbers of spans, so many spans balance them), never smaller than 8 MiB
+    (small inputs stay whole) nor larger than 64 MiB (cluster inputs stay few pieces)."""
+    mib = 1 << 20
+    assert auto_split_bytes(0) == 8 * mib
+    assert auto_split_bytes(100 * mib) == 8 * mib                 # 13 spans of 8 MiB
+    assert auto_split_bytes(270 * mib) == -(-270 * mib // 32)     # 32 spans
+    assert len(plan_spans(270 * mib, auto_split_bytes(270 * mib))) == 32
+    assert auto_split_bytes(73_000 * mib) == 64 * mib
+
+
+
+def test_default_split_reads_a_large_file_in_spans_with_the_same_metrics(tmp_path):
+    """Without --input_split_bytes, a run over 30 MB of JSONL reads the files in 8 MiB spans
+    (more pieces cross GroupByShard than with 0, one file a piece) and writes the same metrics."""
+    import json
+
+    from helpers import run_cli_subprocess
+
+    from evalbeam.pipelines.synthetic import write_classification_dataset
+
+    paths = write_classification_dataset(str(tmp_path / "data"), n_datums=90_000, n_classes=5,
+                                         models={"m": 1.0})
+    assert sum((tmp_path / "data" / name).stat().st_size
+               for name in ("groundtruths.jsonl", "m.jsonl")) > 24 << 20
+    elements, metrics = {}, {}
+    for split in ("default", "0"):
+        out = tmp_path / split
+        args = ["classification", "--groundtruths", paths["groundtruths"], "--predictions",
+                f"m={paths['m']}", "--output", out, "--quiet", "--num_shards", "2"]
+        done = run_cli_subprocess(args + ([] if split == "default" else ["--input_split_bytes", "0"]))
+        assert done.returncode == 0, done.stderr
+        run = json.loads((out / "run.json").read_text())
+        elements[split] = run["shuffles"]["GroupByShard"]["elements"]
+        metrics[split] = (out / "metrics.jsonl").read_text()
+    assert elements["default"] > elements["0"], elements
+    assert metrics["default"] == metrics["0"]

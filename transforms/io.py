@@ -30,7 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.internal import pickler
 
 from evalbeam.schemas.formats import format_of, position_name
-from evalbeam.transforms.line_spans import (SPLIT_BYTES, LineSpan, count_newlines, first_lines,
+from evalbeam.transforms.line_spans import (LineSpan, auto_split_bytes, count_newlines, first_lines,
                                             plan_spans, span_of)
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES, lone_surrogate
@@ -490,12 +490,16 @@ class ReadFiles(beam.PTransform):
         return reader
 
     def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
-        split = getattr(pbegin.pipeline, INPUT_SPLIT, SPLIT_BYTES)
+        split = getattr(pbegin.pipeline, INPUT_SPLIT, None)
+        splits = getattr(reader, "splits", lambda _: False)
+        if split is None:
+            split = auto_split_bytes(sum(file_size(path) for source in sources.values()
+                                         for path in source.files if splits(path)))
         files, spans = [], []
         for name, source in sorted(sources.items()):
             for i, path in enumerate(source.files):
                 cuts = (plan_spans(file_size(path), split)
-                        if split > 0 and getattr(reader, "splits", lambda _: False)(path) else [])
+                        if split > 0 and splits(path) else [])
                 if len(cuts) > 1:
                     spans += [(name, i, start, end) for start, end in cuts]
                 else:
@@ -628,11 +632,11 @@ def share_reads(pipeline, uses: dict | None = None) -> None:
     setattr(pipeline, READ_USES, dict(uses or {}))
 
 
-def split_inputs(pipeline, split_bytes: int) -> None:
+def split_inputs(pipeline, split_bytes: int | None) -> None:
     """Set the size above which ReadFiles reads a line-based file (JSONL, TREC, uncompressed)
-    in byte spans, each its own element (transforms/line_spans.py); 0: every file whole.
-    Default line_spans.SPLIT_BYTES."""
-    setattr(pipeline, INPUT_SPLIT, int(split_bytes))
+    in byte spans, each its own element (transforms/line_spans.py); 0: every file whole; None
+    (the default): line_spans.auto_split_bytes of each read's splittable bytes."""
+    setattr(pipeline, INPUT_SPLIT, None if split_bytes is None else int(split_bytes))
 
 
 class SharedRead:

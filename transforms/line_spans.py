@@ -26,6 +26,8 @@ from __future__ import annotations
 from typing import BinaryIO
 
 SPLIT_BYTES = 64 << 20      # Beam's own text source splits at about this size
+MIN_SPLIT_BYTES = 8 << 20
+SPANS_WANTED = 32
 _CHUNK = 8 << 20
 
 
@@ -35,6 +37,20 @@ def span_of(element) -> tuple:
     if len(element) == 2:
         return element[0], element[1], 0, None, 1
     return tuple(element)
+
+
+def auto_split_bytes(total: int) -> int:
+    """The span size when --input_split_bytes is not given: the read's splittable bytes in
+    SPANS_WANTED spans, but spans of MIN_SPLIT_BYTES to SPLIT_BYTES.
+
+    Why not always SPLIT_BYTES: a runner hands a step's elements to its workers in equal
+    numbers, not equal bytes, and the grouping after the reading waits for the last span. 270 MB
+    of detection rows made 5 spans of up to 64 MiB for 2 workers, and a run took 19.6 s or
+    24.1 s depending on which worker got the third big one; in 32 spans, 19.6 s every time. The
+    upper bound keeps the pieces of a cluster-sized input (one per span and shard) few: 73 GB
+    is 1,100 spans of 64 MiB."""
+    wanted = -(-total // SPANS_WANTED)
+    return max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, wanted))
 
 
 def plan_spans(size: int, split_bytes: int) -> list[tuple[int, int]]:
