@@ -36,6 +36,35 @@ def test_nesting_depth_ignores_brackets_inside_strings(text):
     assert nesting_depth(text.encode()) == naive_depth(json.loads(text))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_too_deep_answers_as_nesting_depth_does(seed):
+    """too_deep's peeling shortcut (lines of many brackets and no backslash) gives
+    nesting_depth's answer on every line: random bytes of brackets, quotes and backslashes
+    (unbalanced, unpaired quotes, mixed kinds) and random JSON documents, at several limits."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = list(b'[]{}"\\a,: ')
+    for _ in range(20_000):
+        raw = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        if rng.random() < 0.6:
+            raw = raw.replace(b"\\", b"")
+        for limit in (0, 1, 2, 3, 5):
+            assert too_deep(raw, limit) == (nesting_depth(raw) > limit), (raw, limit)
+
+    def document(depth):
+        if depth == 0:
+            return rng.choice([1, "x[", "]{", None, '"'])
+        if rng.random() < 0.5:
+            return [document(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}": document(depth - 1) for i in range(rng.randint(0, 3))}
+
+    for _ in range(500):
+        raw = json.dumps(document(rng.randint(0, 12))).encode()
+        for limit in (0, 1, 3, 6, 10):
+            assert too_deep(raw, limit) == (nesting_depth(raw) > limit), (raw, limit)
+
+
 def test_hostile_depths_are_rejected_before_any_parser():
     for depth in (65, 2_000, 100_000):
         raw = ("[" * depth + "]" * depth).encode()
