@@ -7,7 +7,7 @@ does the same for row dicts of a user's PCollections. MatchDetection computes ea
 DetectionState (transforms/kernels/detection.py) per shard and slice; combine_states
 (transforms/merge.py) merges the states of each (model, slice), and records_of turns each merged
 state into records with the kernel's state_records (pycocotools' accumulate and summarize, or
-Valor's metrics). Under the coco protocol's exact state the merge and the accumulation run per
+Valor's metrics). Without --score_bins and --bootstrap the merge and the accumulation run per
 (model, slice, category) instead (_records_by_category; pipelines/detection.md).
 """
 
@@ -756,9 +756,9 @@ def _by_category(element):
         yield (key, k), part
 
 
-def _category_result(element):
+def _category_result(element, config: DetectionConfig):
     (key, k), state = element
-    return key, (k, category_result(k, state))
+    return key, (k, category_result(k, state, config))
 
 
 def _records_by_category(partials, categories, config: DetectionConfig, spill_dir):
@@ -769,7 +769,7 @@ def _records_by_category(partials, categories, config: DetectionConfig, spill_di
     parts = partials | "ByCategory" >> beam.FlatMap(_by_category)
     combined = combine_states(parts, spill_dir, key_type=typing.Tuple[STATE_KEY, int])
     records = (combined
-               | "CategoryResults" >> beam.Map(_category_result)
+               | "CategoryResults" >> beam.Map(_category_result, config)
                | "GatherCategories" >> beam.GroupByKey()
                | "Records" >> beam.FlatMap(records_of, category_records, categories, config))
     return records, metered_states(parts, combined)

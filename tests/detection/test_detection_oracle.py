@@ -33,7 +33,8 @@ from pycocotools.cocoeval import COCOeval
 
 from evalbeam.schemas.coco_rows import box_rows, image_rows
 from evalbeam.transforms.detection import shard_state
-from evalbeam.transforms.kernels.detection import (COCO as COCO_PROTOCOL, SUMMARY_NAMES, CocoState,
+from evalbeam.transforms.kernels.detection import (COCO as COCO_PROTOCOL, VALOR as VALOR_PROTOCOL,
+                                                   SUMMARY_NAMES, CocoState,
                                                    DetectionConfig, DetectionState, accumulate,
                                                    category_parts, category_records,
                                                    category_result, state_records, summarize)
@@ -471,6 +472,18 @@ def test_merged_shard_states_equal_one_state(cases, seed, iou_type):
             assert np.array_equal(recall, whole[1]), (seed, iou_type, n_groups)
 
 
+def assert_same_records(got: list, expected: list, case) -> None:
+    """The same records in the same order, as JSON text; on a difference, the first differing
+    record only (pytest's own diff of two long texts takes minutes)."""
+    same = json.dumps(got) == json.dumps(expected)
+    if not same:
+        first = next((i for i, (a, b) in enumerate(zip(got, expected))
+                      if json.dumps(a) != json.dumps(b)), min(len(got), len(expected)))
+        pytest.fail(f"{case}: {len(got)} records against {len(expected)}; first difference at "
+                    f"{first}: {json.dumps(got[first:first + 1])[:500]} against "
+                    f"{json.dumps(expected[first:first + 1])[:500]}")
+
+
 @pytest.mark.parametrize("iou_type", ["bbox", "segm"])
 @pytest.mark.parametrize("seed", SEEDS[:4])
 def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_type):
@@ -498,9 +511,45 @@ def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_typ
                 by_label[label] = part if held is None else held.merge(part)
         labels = list(by_label)
         rng.shuffle(labels)
-        got = list(category_records([(k, category_result(k, by_label[k])) for k in labels],
+        got = list(category_records([(k, category_result(k, by_label[k], config)) for k in labels],
                                     categories, config))
-        assert json.dumps(got) == json.dumps(whole), (seed, iou_type, n_groups)
+        assert_same_records(got, whole, (seed, iou_type, n_groups))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_per_category_merge_gives_the_whole_state_s_records_under_valor(cases, seed):
+    """The same under the valor protocol (every detection, Valor's records, the
+    DetailedPrecisionRecallCurve and ConfusionMatrix merged on their own key): the records
+    equal state_records of the whole merged state."""
+    dataset, results = cases(seed, "bbox")
+    category_id = np.array(sorted(c["id"] for c in dataset["categories"]), dtype=np.int64)
+    categories = {"id": category_id.tolist(), "name": [f"c{i}" for i in category_id.tolist()]}
+    config = DetectionConfig("bbox", VALOR_PROTOCOL)
+
+    def state_of(image_ids):
+        chosen = set(image_ids)
+        images, _ = image_rows([im for im in dataset["images"] if im["id"] in chosen], [])
+        gts, _ = box_rows([a for a in dataset["annotations"] if a["image_id"] in chosen],
+                          detections=False, need_segmentation=False)
+        dts, _ = box_rows([d for d in results if d["image_id"] in chosen], detections=True,
+                          need_segmentation=False)
+        return DetectionState(*shard_state(images, gts, dts, category_id, "bbox", True,
+                                           VALOR_PROTOCOL))
+
+    image_ids = [im["id"] for im in dataset["images"]]
+    whole = list(state_records(state_of(image_ids), categories, config))
+    assert any(r["type"] == "ConfusionMatrix" for r in whole)
+    rng = np.random.default_rng(seed + 9)
+    for n_groups in (1, 4):
+        group = rng.permutation(np.arange(len(image_ids)) % n_groups)
+        by_label: dict = {}
+        for k in rng.permutation(n_groups):
+            for label, part in category_parts(state_of([i for i, g in zip(image_ids, group) if g == k])):
+                held = by_label.get(label)
+                by_label[label] = part if held is None else held.merge(part)
+        got = list(category_records([(k, category_result(k, part, config))
+                                     for k, part in by_label.items()], categories, config))
+        assert_same_records(got, whole, (seed, n_groups))
 
 
 def test_per_category_parts_of_an_empty_state_keep_the_key():
@@ -509,7 +558,7 @@ def test_per_category_parts_of_an_empty_state_keep_the_key():
     assert [k for k, _ in category_parts(empty)] == [-1]
     categories = {"id": [1, 2, 3], "name": ["a", "b", "c"]}
     config = DetectionConfig("bbox", COCO_PROTOCOL)
-    got = list(category_records([(-1, category_result(-1, empty))], categories, config))
+    got = list(category_records([(-1, category_result(-1, empty, config))], categories, config))
     assert json.dumps(got) == json.dumps(list(state_records(empty, categories, config)))
     assert got[0]["value"]["AP"] == -1.0
 

@@ -1247,11 +1247,8 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
         else:
             yield from _valor_records(matches, categories, protocol)
         present = matches.present if isinstance(matches, ValorBinnedState) else valor_present(matches)
-        yield {"type": "DetailedPrecisionRecallCurve",
-               "value": _detailed_value(state.detailed, categories, protocol, present),
-               "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
-                              "max_examples": protocol.max_examples}}
-        yield from _confusion_records(state.confusion, categories, protocol, present)
+        yield from _valor_example_records(state.detailed, state.confusion, categories, protocol,
+                                          present)
         return
     if isinstance(matches, BinnedState):
         yield from _binned_records(matches, categories, iou_type)
@@ -1268,19 +1265,24 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
 
 def splits_by_category(config: DetectionConfig) -> bool:
     """Whether a (model, slice)'s states are merged and accumulated per category (category_parts,
-    category_result, category_records) rather than whole: the coco protocol's exact state
-    without bootstrap replicates, whose every number but the means over categories is one
-    category's. The merged state grows with the detections (23 GB for 10 M COCO images); per
-    category it is spread over as many keys as there are categories, merged and accumulated on
-    different workers."""
-    protocol = config.protocol
-    return protocol.name == "coco" and not protocol.score_bins and config.bootstrap is None
+    category_result, category_records) rather than whole: the exact state of either protocol
+    without bootstrap replicates, whose every number but the means over labels is one label's
+    (the valor protocol's DetailedPrecisionRecallCurve and ConfusionMatrix, which cross
+    labels, merge on one more key). The merged state grows with the detections (23 GB for 10 M
+    COCO images); per category it is spread over as many keys as there are categories, merged
+    and accumulated on different workers."""
+    return not config.protocol.score_bins and config.bootstrap is None
+
+
+WHOLE = -2        # category_parts' key of the valor protocol's DetailedState and ConfusionState
 
 
 def category_parts(state: DetectionState) -> list[tuple[int, DetectionState]]:
     """A CocoState-holding DetectionState -> (label k, the state of k's rows, with the ground
-    truth counts of k alone) for every label with rows or ground truth, in label order; for a
-    state with neither, [(-1, an empty state)], so that its key still gets its records."""
+    truth counts of k alone) for every label with rows or ground truth, in label order, then
+    (WHOLE, an empty CocoState with the DetailedState and ConfusionState) when the state has
+    them (valor protocol); for a state with none of these, [(-1, an empty state)], so that its
+    key still gets its records."""
     m = state.matches
     K = m.n_categories
     order = np.argsort(m.category, kind="stable")
@@ -1293,28 +1295,85 @@ def category_parts(state: DetectionState) -> list[tuple[int, DetectionState]]:
         parts.append((k, DetectionState(CocoState(K, n_gt, m.category[rows], m.score[rows],
                                                   m.image_key[rows], m.rank[rows], m.tp[rows],
                                                   m.fp[rows]))))
+    if state.detailed is not None or state.confusion is not None:
+        parts.append((WHOLE, DetectionState(CocoState(K, np.zeros_like(m.n_gt)), state.detailed,
+                                            state.confusion)))
     return parts or [(-1, DetectionState(CocoState(K, np.zeros_like(m.n_gt))))]
 
 
-def category_result(k: int, state: DetectionState):
-    """The merged state of label k -> (precision float64[T, R, A, M], recall [T, A, M], scores
-    [T, R, A, M]): accumulate()'s arrays of that label; None for the -1 placeholder."""
-    if k < 0:
+def category_result(k: int, state: DetectionState, config: DetectionConfig):
+    """The merged state of label k -> what category_records needs of it: None for the -1
+    placeholder; (detailed, confusion) for WHOLE; under the coco protocol, accumulate()'s
+    arrays of the label, (precision float64[T, R, A, M], recall [T, A, M], scores
+    [T, R, A, M]); under the valor protocol, a dict of the label's slices of valor_metrics'
+    inputs (precision and scores [T, R] over the matching thresholds, counts [I, S, 3] at the
+    score thresholds, curve_counts [I, P, 3] at the PR curve's, n_gt, highest score)."""
+    if k == -1:
         return None
-    precision, recall, scores = accumulate(state.matches, with_scores=True, categories=[k])
-    return precision[:, :, 0], recall[:, 0], scores[:, :, 0]
+    if k == WHOLE:
+        return state.detailed, state.confusion
+    m, protocol = state.matches, config.protocol
+    if protocol.name == "coco":
+        precision, recall, scores = accumulate(m, with_scores=True, categories=[k])
+        return precision[:, :, 0], recall[:, 0], scores[:, :, 0]
+    matched = np.array(protocol.matching_thresholds)
+    precision, _, scores = accumulate(m, matched, RECALL_THRESHOLDS, max_dets=(None,),
+                                      with_scores=True, categories=[k])
+    return {"precision": precision[:, :, 0, 0, 0], "scores": scores[:, :, 0, 0, 0],
+            "counts": valor_counts(m, matched.size, np.array(protocol.score_thresholds))[:, :, k],
+            "curve_counts": valor_counts(m, matched.size,
+                                         np.array(protocol.pr_curve_thresholds))[:, :, k],
+            "n_gt": int(m.n_gt[k, 0]), "highest": float(_highest_scores(m)[k])}
 
 
 def category_records(results, categories: dict, config: DetectionConfig):
     """(label k, category_result) pairs of one (model, slice), in any order -> the records
     state_records gives for the whole merged state (a label without a pair has no ground truth
-    and no detection: -1 throughout, as accumulate leaves it)."""
-    K, T, R, A, M = len(categories["id"]), IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES), len(MAX_DETS)
+    and no detection: -1 throughout, as accumulate leaves it, and not present)."""
+    K = len(categories["id"])
+    results = dict(results)
+    if config.protocol.name == "valor":
+        yield from _valor_category_records(results, K, categories, config.protocol)
+        return
+    T, R, A, M = IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES), len(MAX_DETS)
     precision, recall, scores = -np.ones((T, R, K, A, M)), -np.ones((T, K, A, M)), -np.ones((T, R, K, A, M))
-    for k, result in results:
+    for k, result in results.items():
         if result is not None:
             precision[:, :, k], recall[:, k], scores[:, :, k] = result
     yield from _coco_records(precision, recall, scores, categories, config.iou_type)
+
+
+def _valor_category_records(results: dict, K: int, categories, protocol: Protocol):
+    """category_records under the valor protocol: valor_metrics' arrays put together from the
+    labels' results, then the records _valor_records and state_records write."""
+    matched = list(protocol.matching_thresholds)
+    use = [matched.index(t) for t in protocol.iou_thresholds]
+    T, R = len(matched), RECALL_THRESHOLDS.size
+    S, P = len(protocol.score_thresholds), len(protocol.pr_curve_thresholds)
+    precision, scores = -np.ones((T, R, K, 1, 1)), -np.ones((T, R, K, 1, 1))
+    counts, curve_counts = np.zeros((T, S, K, 3), np.int64), np.zeros((T, P, K, 3), np.int64)
+    n_gt, highest, present = np.zeros(K, np.int64), np.full(K, -np.inf), np.zeros(K, bool)
+    for k, result in results.items():
+        if k < 0:
+            continue
+        precision[:, :, k, 0, 0], scores[:, :, k, 0, 0] = result["precision"], result["scores"]
+        counts[:, :, k], curve_counts[:, :, k] = result["counts"], result["curve_counts"]
+        n_gt[k], highest[k], present[k] = result["n_gt"], result["highest"], True
+    m = valor_metrics_from(precision, counts, n_gt, present, use)
+    m["curve"] = (precision[:, :, :, 0, 0], scores[:, :, :, 0, 0])
+    yield from _valor_exact_records(m, curve_counts, n_gt, highest, categories, protocol)
+    detailed, confusion = results[WHOLE]
+    yield from _valor_example_records(detailed, confusion, categories, protocol, present)
+
+
+def _valor_example_records(detailed, confusion, categories, protocol: Protocol, present):
+    """The valor protocol's DetailedPrecisionRecallCurve and ConfusionMatrix records, for the
+    labels present."""
+    yield {"type": "DetailedPrecisionRecallCurve",
+           "value": _detailed_value(detailed, categories, protocol, present),
+           "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold,
+                          "max_examples": protocol.max_examples}}
+    yield from _confusion_records(confusion, categories, protocol, present)
 
 
 def _coco_records(precision, recall, scores, categories: dict, iou_type: str, replicates=None,
@@ -1390,37 +1449,61 @@ def _valor_records(state, categories, protocol: Protocol):
     ious = list(protocol.iou_thresholds)
     use = [matched.index(t) for t in ious]
     scores = list(protocol.score_thresholds)
-    if isinstance(state, ValorBinnedState):
-        for bound in ("lower", "upper"):
-            m = state.metrics(np.array(matched), scores, use, upper=bound == "upper")
-            records = _valor_metric_records(m, categories, ious, use, scores,
-                                            {"score_bins": protocol.score_bins, "bound": bound})
-            yield from (r for r in records if (r["type"] in AP_KINDS) or bound == "lower")
-        curve_counts = state.curve_counts(protocol.pr_curve_thresholds)
-        present = state.present
-    else:
+    if not isinstance(state, ValorBinnedState):
         m = valor_metrics(state, np.array(matched), np.array(scores), use)
-        yield from _valor_metric_records(m, categories, ious, use, scores, {})
-        yield from _valor_curve_records(state, m, categories, ious, use)
         curve_counts = valor_counts(state, len(matched), np.array(protocol.pr_curve_thresholds))
-        present = m["present"]
+        yield from _valor_exact_records(m, curve_counts, state.n_gt[:, 0], _highest_scores(state),
+                                        categories, protocol)
+        return
+    for bound in ("lower", "upper"):
+        m = state.metrics(np.array(matched), scores, use, upper=bound == "upper")
+        records = _valor_metric_records(m, categories, ious, use, scores,
+                                        {"score_bins": protocol.score_bins, "bound": bound})
+        yield from (r for r in records if (r["type"] in AP_KINDS) or bound == "lower")
+    yield _pr_curve_record(state.curve_counts(protocol.pr_curve_thresholds), state.present,
+                           categories, protocol)
+
+
+def _highest_scores(state: CocoState) -> np.ndarray:
+    """float64[K]: each label's highest detection score, -inf for a label without detections."""
+    highest = np.full(state.n_categories, -np.inf)
+    np.maximum.at(highest, state.category, state.score)
+    return highest
+
+
+def _valor_exact_records(m: dict, curve_counts: np.ndarray, n_gt: np.ndarray, highest: np.ndarray,
+                         categories, protocol: Protocol):
+    """The exact (not binned) state's Valor records from valor_metrics' m (with "curve"),
+    valor_counts at the PR curve's score thresholds, n_gt int[K] and _highest_scores."""
+    matched = list(protocol.matching_thresholds)
+    ious = list(protocol.iou_thresholds)
+    use = [matched.index(t) for t in ious]
+    scores = list(protocol.score_thresholds)
+    yield from _valor_metric_records(m, categories, ious, use, scores, {})
+    yield from _valor_curve_records(m, n_gt, highest, categories, ious, use)
+    yield _pr_curve_record(curve_counts, m["present"], categories, protocol)
+
+
+def _pr_curve_record(curve_counts: np.ndarray, present: np.ndarray, categories, protocol: Protocol) -> dict:
+    """The PrecisionRecallCurve record: valor_counts [I, S, K, 3] at the PR curve's score
+    thresholds, for the labels present, at the PR curve's IoU threshold."""
+    matched = list(protocol.matching_thresholds)
     i = matched.index(protocol.pr_curve_iou_threshold)
     labels = [(k, name) for k, name in enumerate(categories["name"]) if present[k]]
     curve = {name: {repr(float(s)): _counts(curve_counts[i, j, k])
                     for j, s in enumerate(protocol.pr_curve_thresholds)}
              for k, name in labels}
-    yield {"type": "PrecisionRecallCurve", "value": curve,
-           "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}}
+    return {"type": "PrecisionRecallCurve", "value": curve,
+            "parameters": {"pr_curve_iou_threshold": protocol.pr_curve_iou_threshold}}
 
 
-def _valor_curve_records(state: CocoState, m: dict, categories, ious, use):
+def _valor_curve_records(m: dict, n_gt: np.ndarray, highest: np.ndarray, categories, ious, use):
     """The InterpolatedPrecisionRecallCurve of every metric IoU threshold and label present: the
     precision AP averages and pycocotools' scores (accumulate(with_scores=True)). A label with
     predictions but no ground truth (AP 0) gets precision 0 everywhere and, as pycocotools
     gives a category whose recall stays 0 (and valor-lite gives such a label), its highest
     score at recall 0 and 0 elsewhere."""
     precision, scores = m["curve"]                                               # [T, R, K]
-    n_gt = state.n_gt[:, 0]
     at_first = RECALL_THRESHOLDS <= 0
     for t, iou in zip(use, ious):
         for k, name in enumerate(categories["name"]):
@@ -1429,9 +1512,9 @@ def _valor_curve_records(state: CocoState, m: dict, categories, ious, use):
             if n_gt[k] > 0:
                 yield interpolated_curve_record(precision[t, :, k], scores[t, :, k], iou, name)
                 continue
-            highest = np.zeros(RECALL_THRESHOLDS.size)
-            highest[at_first] = state.score[state.category == k].max()
-            yield interpolated_curve_record(np.zeros(RECALL_THRESHOLDS.size), highest, iou, name)
+            top = np.zeros(RECALL_THRESHOLDS.size)
+            top[at_first] = highest[k]
+            yield interpolated_curve_record(np.zeros(RECALL_THRESHOLDS.size), top, iou, name)
 
 
 def _valor_metric_records(m: dict, categories, ious, use, scores, extra: dict):
