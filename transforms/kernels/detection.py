@@ -1309,9 +1309,9 @@ def category_result(k: int, state: DetectionState, config: DetectionConfig):
     accumulate()'s arrays of the label that the records read (precision float64[T, R, A] at
     the largest maxDets, recall [T, A, M], scores [T, R] at area "all" and the largest maxDets:
     41 KB where the whole arrays are 194 KB, gathered per (model, slice)); under the valor
-    protocol, a dict of the label's slices of valor_metrics'
-    inputs (precision and scores [T, R] over the matching thresholds, counts [I, S, 3] at the
-    score thresholds, curve_counts [I, P, 3] at the PR curve's, n_gt, highest score)."""
+    protocol, a dict of the label's slices of valor_metrics' inputs (precision and scores
+    [T, R] over the matching thresholds, counts [I, S, 3] at the score thresholds,
+    curve_counts [I, P, 3] at the PR curve's, n_gt, highest score)."""
     if k == -1:
         return None
     if k == WHOLE:
