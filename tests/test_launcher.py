@@ -69,6 +69,20 @@ def test_many_replicates_mean_more_default_shards():
     assert default_num_shards(640 * mib, 10_000) == 256
 
 
+def test_default_shards_are_a_multiple_of_the_local_workers():
+    """On the multi-process DirectRunner the default shard count is rounded up to a multiple of
+    its workers, so that each worker matches as many shards; other runners keep it."""
+    from evalbeam.pipelines.launcher import _local_workers, balanced_shards
+
+    multi = ("--direct_running_mode", "multi_processing")
+    assert _local_workers(multi + ("--direct_num_workers", "2")) == 2
+    assert _local_workers(multi + ("--direct_num_workers", "3")) == 3
+    assert _local_workers(("--direct_num_workers", "2")) == 1          # in-process mode
+    assert _local_workers(("--runner", "DataflowRunner", "--direct_num_workers", "2")) == 1
+    assert [balanced_shards(n, 2) for n in (2, 5, 6, 255, 256)] == [2, 6, 6, 256, 256]
+    assert balanced_shards(5, 3) == 6 and balanced_shards(5, 1) == 5
+
+
 def test_the_dask_runner_by_its_short_name(monkeypatch):
     """`--runner DaskRunner` is Beam's Dask runner by its module path, whose options are then
     known; without dask installed, a one-line usage error names the extra to install."""
