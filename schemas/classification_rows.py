@@ -528,14 +528,19 @@ class LabelRows:
         new_index[rows] = np.arange(rows.size)
         keep = np.flatnonzero(new_index[self.label_row] >= 0)
         order = keep[np.argsort(new_index[self.label_row[keep]], kind="stable")]
+        return self._selected(rows, order, new_index[self.label_row[order]])
+
+    def _selected(self, rows: np.ndarray, labels: np.ndarray, label_row: np.ndarray) -> "LabelRows":
+        """The rows `rows` with the labels `labels` (indices into this one's labels), whose rows
+        in the result are label_row."""
         taken = pa.array(rows)
         return LabelRows(
             uid=self.uid.take(taken), position=self.position[rows],
             file_id=self.file_id[rows], hash=self.hash[rows],
-            label_row=new_index[self.label_row[order]].astype(np.int32),
-            key_code=self.key_code[order], key_names=self.key_names,
-            value_code=self.value_code[order], value_names=self.value_names,
-            label_score=None if self.label_score is None else self.label_score[order],
+            label_row=label_row.astype(np.int32),
+            key_code=self.key_code[labels], key_names=self.key_names,
+            value_code=self.value_code[labels], value_names=self.value_names,
+            label_score=None if self.label_score is None else self.label_score[labels],
             slices={k: v.take(taken) for k, v in self.slices.items()},
         )
 
@@ -577,17 +582,8 @@ class LabelRows:
             lo, hi = bounds[s], bounds[s + 1]
             if hi == lo:
                 continue
-            rows, labels = order[lo:hi], by_row[label_bounds[s]:label_bounds[s + 1]]
-            taken = pa.array(rows)
-            pieces[s] = LabelRows(
-                uid=self.uid.take(taken), position=self.position[rows],
-                file_id=self.file_id[rows], hash=self.hash[rows],
-                label_row=(label_index[label_bounds[s]:label_bounds[s + 1]] - lo).astype(np.int32),
-                key_code=self.key_code[labels], key_names=self.key_names,
-                value_code=self.value_code[labels], value_names=self.value_names,
-                label_score=None if self.label_score is None else self.label_score[labels],
-                slices={k: v.take(taken) for k, v in self.slices.items()},
-            )
+            first, last = label_bounds[s], label_bounds[s + 1]
+            pieces[s] = self._selected(order[lo:hi], by_row[first:last], label_index[first:last] - lo)
         return pieces
 
     def codes_in(self, names: list, codes: np.ndarray, vocabulary: list[str]) -> np.ndarray:
