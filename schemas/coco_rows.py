@@ -149,15 +149,26 @@ def document_depth(raw: bytes) -> int:
     if b"\\" in raw:
         raw = _ESCAPE.sub(b"", raw)
     kept = np.frombuffer(raw.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
-    if not kept.size:
-        return 0
-    quote = kept == ord('"')
-    # inside a string: after an odd number of quotes (uint8 sums wrap, parity survives)
-    inside = (np.cumsum(quote, dtype=np.uint8) & 1).astype(bool)
-    # "[" and "{" (and the quote) have bit 0x02 set, "]" and "}" do not
-    step = np.where(kept & 2, 1, -1).astype(np.int32 if kept.size < 2**31 else np.int64)
-    step[quote | inside] = 0
-    return int(max(0, np.cumsum(step).max()))
+    # In pieces of 4 Mi structure bytes, carrying the string parity and the depth across:
+    # arrays the size of a whole 240 MB results file made the first call 0.8 s, not 0.27 s
+    # (fresh memory), and int64 steps everywhere had taken 1.2 s.
+    deepest = depth = parity = 0
+    for start in range(0, kept.size, _DEPTH_PIECE):
+        piece = kept[start:start + _DEPTH_PIECE]
+        # inside a string: at or after an odd number of quotes (uint8 sums wrap, parity
+        # survives); a bracket there does not count, and a quote steps 0 by itself
+        inside = (np.cumsum(piece == ord('"'), dtype=np.uint8) + parity) & 1
+        parity = int(inside[-1])
+        running = np.cumsum(_STEP[piece] * (1 - inside).view(np.int8), dtype=np.int32)
+        deepest = max(deepest, depth + int(running.max()))
+        depth += int(running[-1])
+    return deepest
+
+
+_DEPTH_PIECE = 1 << 22
+_STEP = np.zeros(256, dtype=np.int8)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
 
 
 # Every byte as "1" (a digit) or "0": 20 digits in a row may be an integer beyond 64 bits, which

@@ -253,6 +253,41 @@ def test_coco_document_rules():
     assert coco_document(b'{"name": "\\ud83d\\ude00"}') == ({"name": "\U0001F600"}, None)
 
 
+
+@pytest.mark.parametrize("piece", [1, 3, 1 << 22])
+def test_document_depth_agrees_with_nesting_depth_on_random_documents(monkeypatch, piece):
+    """document_depth (brackets and quotes of a whole document, summed in int8 steps over
+    pieces that carry the depth and the string parity across) gives safe_json.nesting_depth's
+    answer on JSON documents whose strings hold brackets, quotes and backslashes, and on the
+    empty and flat ones, whatever the piece size."""
+    import random
+
+    from evalbeam.schemas import coco_rows
+    from evalbeam.schemas.coco_rows import document_depth
+    from evalbeam.schemas.safe_json import nesting_depth
+
+    monkeypatch.setattr(coco_rows, "_DEPTH_PIECE", piece)
+
+    def value(rng, depth):
+        kind = rng.randrange(5 if depth < 12 else 2)
+        if kind == 0:
+            return rng.choice([0, -1.5, True, None, 10 ** 20])
+        if kind == 1:
+            return "".join(rng.choice('[]{}"\\ab') for _ in range(rng.randrange(6)))
+        if kind == 2:
+            return [value(rng, depth + 1) for _ in range(rng.randrange(4))]
+        return {str(rng.random())[:4] + rng.choice("[{"): value(rng, depth + 1)
+                for _ in range(rng.randrange(4))}
+
+    for seed in range(4):
+        rng = random.Random(seed)
+        for _ in range(400):
+            raw = json.dumps(value(rng, 0), ensure_ascii=rng.random() < 0.5).encode()
+            assert document_depth(raw) == nesting_depth(raw), raw
+    assert document_depth(b"") == nesting_depth(b"") == 0
+    assert document_depth(b'"[[["') == 0
+    assert document_depth(b"[" * 300 + b"]" * 300) == 300
+
 # ------------------------------------------------------------------ 3. byte order mark, NaN slices
 
 def test_bom_coco_files_evaluate_like_plain_ones_and_nan_metadata_is_rejected(tmp_path):
