@@ -170,3 +170,24 @@ def test_coco_input_errors_stop_at_once(tmp_path):
                                  "--predictions", f"m={tmp_path / 'dt.json'}", "--output", tmp_path / "o"])
     assert result.returncode == 2 and "is not an instances file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_image_shards_hash_each_decimal_id():
+    """image_shards (each distinct id hashed once, its text from Arrow's cast) is FNV-1a 64 of
+    str(image id) mod num_shards, row by row: ids at both ends of int64, repeated, unsorted,
+    negative and none."""
+    import pyarrow as pa
+
+    from evalbeam.schemas.hashing import fnv1a_64
+    from evalbeam.transforms.detection import image_shards
+
+    rng = np.random.default_rng(7)
+    cases = [np.zeros(0, np.int64), np.array([139]),
+             np.array([-2**63, 2**63 - 1, 0, -1, 2**63 - 1]),
+             rng.integers(-2**63, 2**63 - 1, 500, dtype=np.int64), rng.integers(0, 40, 3000)]
+    for ids in cases:
+        for num_shards in (1, 3, 256):
+            text = pa.array([str(i) for i in ids.tolist()], pa.string())
+            expected = (fnv1a_64(text) % np.uint64(num_shards)).astype(np.int64)
+            got = image_shards(ids, num_shards)
+            assert got.dtype == np.int64 and got.tolist() == expected.tolist()
