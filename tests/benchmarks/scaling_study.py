@@ -34,6 +34,7 @@ from bench_classification import machine_info, measure  # noqa: E402
 SIZES = {  # datums (classification, text), images (detection, segmentation), queries (retrieval)
     "classification": [10_000, 100_000, 1_000_000],
     "detection": [1_000, 3_000, 10_000],
+    "detection_native": [1_000, 3_000, 10_000],   # the same images as native JSONL rows
     "segmentation": [100, 300, 1_000],
     "text": [1_000, 10_000, 100_000],
     "retrieval": [1_000, 10_000, 100_000],
