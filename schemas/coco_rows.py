@@ -2,7 +2,7 @@
 
 Positions are 0-based indices in the file's "annotations" array (ground truth) or in the results
 array (detections), reported as "row" in rejected.jsonl. A COCO file is one JSON document, read
-whole by coco_document.
+whole by coco_document, or a results file in pieces (schemas/json_pieces.py) by coco_piece.
 
 Bounds on geometry, so that no row computes garbage or costs unbounded memory:
 - every box and polygon number lies within +-MAX_COORDINATE (1e150). Areas are then at most
@@ -32,6 +32,7 @@ except ImportError:   # an optional speed-up: json.loads gives the same values
     orjson = None
 
 from evalbeam.schemas.coco import rle_problem
+from evalbeam.schemas.json_pieces import piece_text
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
 from evalbeam.schemas.safe_json import BOM, MAX_NESTING, lone_surrogate, slice_value_problem
 from evalbeam.schemas.slices import canonical_json
@@ -232,6 +233,22 @@ def coco_document(raw: bytes):
                           f"pair) in {where}: not valid Unicode text")
     return value, None
 
+
+def coco_piece(raw: bytes, first: bool, last: bool) -> list | None:
+    """The elements of one piece of a results file cut by schemas.json_pieces.array_pieces, in
+    order; None when the piece does not parse to a non-empty JSON array: the document is then
+    not valid JSON, or holds a lone surrogate, and parsing it whole (coco_document) names the
+    reason. The cut has checked the depth (array_pieces' max_depth) and dropped no byte order
+    mark but the first piece's."""
+    try:
+        value = _parse(piece_text(raw, first, last))
+    except (ValueError, RecursionError):    # JSONDecodeError and UnicodeDecodeError too
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    if _SURROGATE_ESCAPE.search(raw) and lone_surrogate(value) is not None:
+        return None
+    return value
 
 @dataclass
 class ImageRows:

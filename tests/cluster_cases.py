@@ -171,3 +171,30 @@ min = 0.8
         cluster = (outs["cluster"] / path).read_text().replace(str(outs["cluster"]), "OUT")
         assert direct == cluster, path
     assert (outs["cluster"] / "report.html").stat().st_size > 100_000
+
+
+def check_coco_pieces(tmp_path, runner):
+    """A COCO results file cut into pieces (--input_split_bytes 2000: tens of them) that the
+    workers parse, with bad rows and tied scores on both sides of the cuts: the DirectRunner's
+    bytes of the file read whole."""
+    sys.path.insert(0, str(ROOT / "tests" / "detection"))
+    from test_coco_pieces import write_case
+
+    def base(folder):
+        return ["detection", "--groundtruths", folder / "instances.json", "--predictions",
+                f"m={folder / 'results.json'}", "--quiet", "--max_rejected_fraction", "0.5"]
+
+    def direct_run(shared):
+        write_case(shared / "inputs", 5, "bbox")
+        done = run_evalbeam([*base(shared / "inputs"), "--output", shared / "out",
+                             "--input_split_bytes", "0"])
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    shared = shared_once(tmp_path, "coco-pieces", direct_run)
+    cluster = run_evalbeam([*base(shared / "inputs"), "--output", tmp_path / "cluster",
+                            "--input_split_bytes", "2000", *runner])
+    assert cluster.returncode == 0, cluster.stderr[-3000:]
+    for file in ("metrics.jsonl", "rejected.jsonl"):
+        assert (shared / "out" / file).read_bytes() == (tmp_path / "cluster" / file).read_bytes(), file
+    shuffles = json.loads((tmp_path / "cluster" / "run.json").read_text())["shuffles"]
+    assert shuffles["GroupByShard"]["elements"] > 10     # it was read in pieces

@@ -18,8 +18,8 @@ from helpers import ROOT
 
 pytest.importorskip("distributed", reason="the Dask tests need evalbeam[dask]")
 
-from cluster_cases import (check_golden_case, check_segmentation_mask_files, check_sweep,  # noqa: E402
-                           free_port)
+from cluster_cases import (check_coco_pieces, check_golden_case,  # noqa: E402
+                           check_segmentation_mask_files, check_sweep, free_port)
 
 pytestmark = pytest.mark.dask
 # a case per task and protocol (tests/test_portable.py runs every input form); classification
@@ -74,6 +74,11 @@ def test_segmentation_mask_files(tmp_path, dask_cluster):
     """Masks the rows point to are read by the Dask workers, not by the launcher."""
     check_segmentation_mask_files(tmp_path, dask_cluster[0], forms=("png",))
 
+
+
+def test_coco_results_read_in_pieces(tmp_path, dask_cluster):
+    """The pieces of a cut COCO results file are parsed by the workers, in any order."""
+    check_coco_pieces(tmp_path, dask_cluster[0])
 
 def test_a_sweep_with_gates_and_report(tmp_path, dask_cluster):
     check_sweep(tmp_path, dask_cluster[0])

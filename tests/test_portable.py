@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from cluster_cases import (CASES_HERE, check_golden_case, check_segmentation_mask_files,
-                           check_sweep, free_port)
+from cluster_cases import (CASES_HERE, check_coco_pieces, check_golden_case,
+                           check_segmentation_mask_files, check_sweep, free_port)
 
 pytestmark = pytest.mark.portable
 
@@ -58,6 +58,11 @@ def test_segmentation_mask_files(tmp_path, worker_pool):
     one) are read by the workers, not by the launcher."""
     check_segmentation_mask_files(tmp_path, worker_pool)
 
+
+
+def test_coco_results_read_in_pieces(tmp_path, worker_pool):
+    """The pieces of a cut COCO results file are parsed by the workers, in any order."""
+    check_coco_pieces(tmp_path, worker_pool)
 
 def test_a_sweep_with_gates_and_report(tmp_path, worker_pool):
     """A sweep of two tasks (a classification group and text cells) with a gate and the report:

@@ -22,18 +22,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalbeam.schemas.coco import to_rle
-from evalbeam.schemas.coco_rows import INT64, BoxRows, ImageRows, box_rows, coco_document, image_rows
+from evalbeam.schemas.coco_rows import (INT64, MAX_DOCUMENT_NESTING, BoxRows, ImageRows, box_rows,
+                                        coco_document, coco_piece, image_rows)
 from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, native_rows, stable_id
 from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
+from evalbeam.schemas.json_pieces import array_pieces
 from evalbeam.schemas.limits import (MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS, label_length_problem,
                                      pair_count_problem)
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
-                                    ReadFiles, ReadRowFile, open_input, read_pcollections)
+from evalbeam.transforms.io import (GROUNDTRUTHS, INPUT_SPLIT, SHARD_PIECE, TAG_REJECTED, TAG_STATS,
+                                    ProgressDoFn, ReadError, ReadFiles, ReadRowFile, SharedRead,
+                                    file_size, line_splittable, open_input, read_pcollections,
+                                    span_text)
+from evalbeam.transforms.line_spans import auto_split_bytes
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, image_pair_counts,
@@ -46,6 +51,7 @@ from evalbeam.transforms.merge import (STATE_KEY, combine_states, merged_records
                                       records_of)
 
 TAG_CATEGORIES = "categories"
+TAG_COCO_PIECES = "coco_pieces"
 TAG_PRESENCE = "presence"
 # what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
 INTERVAL_UNIT = "image"
@@ -109,16 +115,25 @@ class ReadCocoFile(ProgressDoFn):
     BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS. A file that is
     not one usable COCO document (cut short, not JSON, nested too deep, of the wrong shape,
     repeated category ids, a category name longer than MAX_LABEL_CHARS characters) raises
-    transforms.io.ReadError: the launcher reports it as an input error (exit 2)."""
+    transforms.io.ReadError: the launcher reports it as an input error (exit 2).
+
+    A results file larger than split_bytes (uncompressed) is not parsed here: its byte ranges
+    leave through TAG_COCO_PIECES as (source name, file id, start, end, first element, last,
+    area_from_bbox), cut by schemas.json_pieces.array_pieces, and the same DoFn reads each of
+    them after a Reshuffle (read_coco_pieces), so that workers parse one file together. Positions
+    stay the whole array's; a piece that does not parse makes its worker parse the file whole
+    for the error a whole read gives."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
-                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
+                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS,
+                 split_bytes: int = 0):
         super().__init__(quiet, started)
         self.sources = sources
         self.iou_type = iou_type
         self.slice_keys = slice_keys
         self.num_shards = num_shards
         self.max_pixels = max_pixels
+        self.split_bytes = split_bytes
 
     def _rejects(self, name, path, bad, what=""):
         for position, reason in bad:
@@ -126,8 +141,19 @@ class ReadCocoFile(ProgressDoFn):
                 TAG_REJECTED, reject(name, path, int(position), what + reason, None, "row"))
 
     def process(self, element):
+        if len(element) > 2:
+            yield from self._piece(*element)
+            return
         name, file_id = element
         path = self.sources[name].files[file_id]
+        if name != GROUNDTRUTHS and self.split_bytes > 0 and line_splittable(path) \
+                and file_size(path) > self.split_bytes:
+            pieces = self._plan(name, file_id, path)
+            if pieces:
+                for piece in pieces:
+                    yield beam.pvalue.TaggedOutput(TAG_COCO_PIECES, piece)
+                self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
+                return
         with open_input(path) as stream:
             obj, reason = coco_document(stream.read())
         if reason:
@@ -138,6 +164,33 @@ class ReadCocoFile(ProgressDoFn):
         else:
             yield from self._results(name, path, obj, segm)
         self.progress.say(path, f"read {path}", force=True)
+
+    def _plan(self, name, file_id, path) -> list[tuple] | None:
+        """The piece elements of a results file, or None: read it whole."""
+        with open_input(path) as stream:
+            cut = array_pieces(stream.read, self.split_bytes, MAX_DOCUMENT_NESTING)
+            if cut is None:
+                return None
+            stream.seek(cut.head[0])
+            head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
+        # pycocotools' loadRes: when the first result has a bbox, areas are box areas (a first
+        # element that does not parse fails its piece, and the run, anyway)
+        area_from_bbox = bool(head) and isinstance(head[0], dict) and bool(head[0].get("bbox"))
+        last = len(cut.pieces) - 1
+        return [(name, file_id, start, end, first, k == last, area_from_bbox)
+                for k, (start, end, first) in enumerate(cut.pieces)]
+
+    def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
+        path = self.sources[name].files[file_id]
+        with open_input(path) as stream:
+            stream.seek(start)
+            obj = coco_piece(stream.read(end - start), start == 0, last)
+        if obj is None:
+            with open_input(path) as stream:
+                _, reason = coco_document(stream.read())
+            raise ReadError(f"{path} (given for {name}) {reason or _UNCUT}. Nothing of it was used.")
+        yield from self._results(name, path, obj, self.iou_type == "segm", area_from_bbox, first)
+        self.progress.say(path, f"read {path}{span_text(start, end)}")
 
     def _groundtruth(self, name, path, obj, segm):
         if not isinstance(obj, dict):
@@ -200,19 +253,55 @@ class ReadCocoFile(ProgressDoFn):
             yield shard, (name, (_take_images(images, index),
                                  anns.take(ann_parts.get(shard, np.zeros(0, np.int64)))))
 
-    def _results(self, name, path, obj, segm):
+    def _results(self, name, path, obj, segm, area_from_bbox=None, first=0):
+        """Shard pieces of results obj, a whole file's or a piece's whose first element is the
+        file's element `first` (positions count from the file's first element)."""
         if not isinstance(obj, list):
             raise ReadError(f"{path} (given for {name}) is not a COCO results file (a JSON array "
                             "of detections). Nothing of it was used.")
-        # pycocotools' loadRes: when the first result has a bbox, areas are box areas
-        area_from_bbox = bool(obj) and isinstance(obj[0], dict) and bool(obj[0].get("bbox"))
+        if area_from_bbox is None:
+            # pycocotools' loadRes: when the first result has a bbox, areas are box areas
+            area_from_bbox = bool(obj) and isinstance(obj[0], dict) and bool(obj[0].get("bbox"))
         dts, bad = box_rows(obj, detections=True, need_segmentation=segm, max_pixels=self.max_pixels)
+        if first:
+            dts.position += first
+            bad = [(position + first, reason) for position, reason in bad]
         yield from self._rejects(name, path, bad)
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(obj)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
         for shard, index in _split(image_shards(dts.image_id, self.num_shards), self.num_shards).items():
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
+
+# a piece that does not parse while the whole document does: the cut was wrong
+_UNCUT = ("could not be read in pieces, though it parses whole: please report this; "
+          "--input_split_bytes 0 reads every file whole")
+
+
+def coco_split_bytes(pipeline, sources) -> int:
+    """The piece size of COCO results files: --input_split_bytes (split_inputs), else
+    line_spans.auto_split_bytes of the results files that can be cut (uncompressed)."""
+    split = getattr(pipeline, INPUT_SPLIT, None)
+    if split is not None:
+        return split
+    return auto_split_bytes(sum(file_size(path) for name, source in sources.items()
+                                if name != GROUNDTRUTHS
+                                for path in source.files if line_splittable(path)))
+
+
+def read_coco_pieces(read, reader: ReadCocoFile, tags: tuple[str, ...]):
+    """ReadFiles' result with the pieces of cut results files (TAG_COCO_PIECES) read too: they
+    are spread over the workers (Reshuffle), read by the same reader, and flattened with the
+    files read whole."""
+    pieces = (read[TAG_COCO_PIECES]
+              | "SpreadCocoPieces" >> beam.Reshuffle()
+              | "ReadCocoPieces" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
+              .with_outputs(TAG_REJECTED, TAG_STATS, main="pieces"))
+    outputs = {tag: read[tag] for tag in tags if tag != TAG_COCO_PIECES}
+    for tag in (TAG_REJECTED, TAG_STATS):
+        outputs[tag] = (read[tag], pieces[tag]) | f"With{tag.title()}OfPieces" >> beam.Flatten()
+    outputs["pieces"] = (read.pieces, pieces.pieces) | "WithCocoPieces" >> beam.Flatten()
+    return SharedRead(outputs)
 
 class ReadNativeFile(ReadRowFile):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
@@ -554,6 +643,10 @@ class MatchDetection(ProgressDoFn):
             else:
                 area_from_bbox = parts[0][0]
                 dts = _concat_boxes([p[1] for p in parts])
+                if len(parts) > 1:
+                    # pieces of a cut file arrive in any order; ties of score are broken by
+                    # file order (coco_match), so the file's order is restored
+                    dts = dts.take(np.argsort(dts.position, kind="stable"))
                 known_image = (np.isin(dts.image_id, images.image_id) if images is not None
                                else np.zeros(len(dts.image_id), bool))
                 known_category = np.isin(dts.category_id, category_id)
@@ -707,13 +800,18 @@ class EvaluateDetectionFiles(beam.PTransform):
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
         iou_type, max_pixels = self.config.iou_type, self.config.max_image_pixels
-        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
-                                 iou_type, max_pixels)
-                  if self.native else
-                  ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards,
-                               self.quiet, self.started, max_pixels))
-        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
-                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
+        tags = (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES)
+        if self.native:
+            reader = ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet,
+                                    self.started, iou_type, max_pixels)
+            read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader, tags)
+        else:
+            reader = ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards, self.quiet,
+                                  self.started, max_pixels,
+                                  coco_split_bytes(pbegin.pipeline, self.sources))
+            tags += (TAG_COCO_PIECES,)
+            read = read_coco_pieces(pbegin | "ReadFiles" >> ReadFiles(self.sources, reader, tags),
+                                    reader, tags)
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))

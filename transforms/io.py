@@ -198,8 +198,9 @@ def open_span(path: str, start: int = 0, end: int | None = None):
 
 
 def line_splittable(path: str) -> bool:
-    """Whether a line-based input (JSONL, TREC) can be read in byte spans: uncompressed, and
-    not Parquet (one structure, like a compressed stream)."""
+    """Whether an input can be read in byte spans: uncompressed, and not Parquet (one
+    structure, like a compressed stream). Line spans of JSONL and TREC files, and the pieces of
+    a COCO results array (transforms/detection.py), are read this way."""
     return (format_of(path) != "parquet"
             and CompressionTypes.detect_compression_type(path) == CompressionTypes.UNCOMPRESSED)
 

@@ -1,0 +1,150 @@
+"""COCO results files read in pieces (schemas/json_pieces.py; ReadCocoFile's TAG_COCO_PIECES):
+every output a run writes is the one it writes when the file is read whole (--input_split_bytes
+0), for boxes and masks (areas from boxes or from masks, which the first result decides), both
+protocols, tied scores and bad rows on both sides of the cuts, and errors of a file that is not
+valid JSON, named as a whole read names them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from helpers import MULTIPROCESS, run_cli_subprocess
+from test_detection_oracle import make_case
+
+COUNTS = ("counts", "rows_read", "rows_rejected", "first_rejections")
+HOSTILE = [{"image_id": "7", "category_id": 1, "bbox": [1, 2, 3, 4], "score": 0.5},
+           {"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4], "score": 1.5},
+           "not an object", [1, 2], {"image_id": 10 ** 30, "category_id": 1, "score": 0.1},
+           {"image_id": 1, "category_id": 987654, "bbox": [1, 2, 3, 4], "score": 0.4},
+           {"image_id": 1, "category_id": 1, "bbox": [1, 2, "3", 4], "score": 0.3,
+            "note": "\\\"],[{\u00e9"}]
+
+
+def write_case(folder, seed: int, iou_type: str) -> tuple[str, str]:
+    """instances.json and results.json of the oracle's random case, with copies of detections
+    (same score, another box) next to them and bad rows spread over the array."""
+    gt, results = make_case(seed, iou_type)
+    rng = random.Random(seed)
+    rows = []
+    for row in results:
+        rows.append(row)
+        if "bbox" in row and rng.random() < 0.3:
+            rows.append(dict(row, bbox=[v + 1.0 for v in row["bbox"]]))
+    for bad in HOSTILE:
+        rows.insert(rng.randrange(1, len(rows)), bad)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "instances.json").write_text(json.dumps(gt))
+    (folder / "results.json").write_text(json.dumps(rows, indent=rng.choice([None, 1])))
+    return str(folder / "instances.json"), str(folder / "results.json")
+
+
+def run(folder, gt, results, out, *extra):
+    done = run_cli_subprocess(["detection", "--groundtruths", gt, "--predictions",
+                               f"m={results}", "--output", folder / out, "--quiet",
+                               "--max_rejected_fraction", "0.5", *extra])
+    return done, folder / out
+
+
+def outputs(folder) -> dict:
+    run_json = json.loads((folder / "run.json").read_text())
+    return {"metrics": (folder / "metrics.jsonl").read_bytes(),
+            "rejected": (folder / "rejected.jsonl").read_bytes(),
+            "counts": {key: run_json[key] for key in COUNTS}}
+
+
+@pytest.mark.parametrize("seed, iou_type, protocol", [
+    (0, "bbox", "coco"), (1, "bbox", "valor"), (2, "segm", "coco"), (3, "segm", "coco"),
+    (4, "segm", "coco"), (5, "bbox", "coco")])
+def test_pieces_write_what_a_whole_read_writes(tmp_path, seed, iou_type, protocol):
+    gt, results = write_case(tmp_path / "in", seed, iou_type)
+    extra = ["--iou_type", iou_type, "--protocol", protocol]
+    whole, whole_out = run(tmp_path, gt, results, "whole", *extra, "--input_split_bytes", "0")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    # pieces of ~2 KB: tens of them, cut between copies with equal scores and around bad rows;
+    # one run on two worker processes, which hand the pieces to the shards in any order
+    runner = MULTIPROCESS if seed == 5 else []
+    cut, cut_out = run(tmp_path, gt, results, "cut", *extra, "--input_split_bytes", "2000", *runner)
+    assert cut.returncode == 0, cut.stderr[-2000:]
+    assert outputs(cut_out) == outputs(whole_out)
+    grouped = [json.loads((o / "run.json").read_text())["shuffles"]["GroupByShard"]["elements"]
+               for o in (whole_out, cut_out)]
+    assert grouped[1] > grouped[0] + 10, grouped      # it was read in pieces
+
+
+def test_the_mask_area_case_has_a_first_result_without_a_box(tmp_path):
+    """pycocotools takes areas from masks when the first result has no bbox, and the pieces
+    after the first learn it from the cut: seed 4 above checks that, since its results are
+    "mixed" (the first has no bbox, some later ones have)."""
+    gt, results = write_case(tmp_path / "in", 4, "segm")
+    first = json.loads(open(results).read())[0]
+    assert "bbox" not in first and "segmentation" in first
+    assert sum("bbox" in r for r in json.loads(open(results).read())[1:] if isinstance(r, dict)) > 3
+
+
+@pytest.mark.parametrize("broken", [
+    "[ROWS, , {}]", "[ROWS, ]", "[ROWS, tru, ROWS]", "[ROWS, {\"a\": \"\\ud800\"}, ROWS]",
+    "[ROWS, {\"image_id\": 1 \"category_id\": 2}, ROWS]", "[ROWS]]", "[ROWS, ROWS"])
+def test_a_broken_file_fails_as_a_whole_read_fails(tmp_path, broken):
+    """Pieces of a file that is not valid JSON: the run stops with the error a whole read gives
+    (exit 2, one paragraph, no metrics), whichever piece found it."""
+    gt, results = write_case(tmp_path / "in", 0, "bbox")
+    rows = json.loads(open(results).read())
+    text = ", ".join(json.dumps(r) for r in rows if isinstance(r, dict))
+    with open(results, "w") as f:
+        f.write(broken.replace("ROWS", text))
+    messages = []
+    for split in ("0", "2000"):
+        done, out = run(tmp_path, gt, results, f"out{split}", "--input_split_bytes", split)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+        assert not (out / "metrics.jsonl").exists()
+        messages += [line.split("Nothing of it was used")[0] for line in done.stderr.splitlines()
+                     if "Nothing of it was used" in line]
+    assert len(messages) == 2 and messages[0] == messages[1], messages
+
+
+def test_pieces_in_any_order_make_the_file_s_state():
+    """MatchDetection restores the file's order of a shard's pieces, whatever order the shuffle
+    hands them in: ties of score are broken by that order (pycocotools' stable sort), so the
+    copies with equal scores that write_case puts next to each other make the states differ
+    otherwise."""
+    import pickle
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from apache_beam.pvalue import TaggedOutput
+
+    from evalbeam.transforms.detection import (TAG_CATEGORIES, TAG_COCO_PIECES, MatchDetection,
+                                               ReadCocoFile)
+    from evalbeam.transforms.kernels.detection import DetectionConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        gt, results = write_case(Path(folder), 0, "bbox")
+        sources = {"groundtruths": SimpleNamespace(files=[gt]), "m": SimpleNamespace(files=[results])}
+        readers = [ReadCocoFile(sources, "bbox", [], 1, True, 0.0, split_bytes=split)
+                   for split in (0, 2000)]
+        for reader in readers:
+            reader.setup()
+        read = list(readers[0].process(("groundtruths", 0)))
+        truth = [o for o in read if not isinstance(o, TaggedOutput)]
+        categories = next(o.value for o in read if isinstance(o, TaggedOutput) and o.tag == TAG_CATEGORIES)
+        whole = [o for o in readers[0].process(("m", 0)) if not isinstance(o, TaggedOutput)]
+        cuts = [o.value for o in readers[1].process(("m", 0)) if isinstance(o, TaggedOutput)
+                and o.tag == TAG_COCO_PIECES]
+        pieces = [o for cut in cuts for o in readers[1].process(cut) if not isinstance(o, TaggedOutput)]
+    assert len(cuts) > 10 and len(pieces) == len(cuts)
+    matcher = MatchDetection(DetectionConfig(), ["m"], [()], {"m": [results]}, True, 0.0)
+    matcher.setup()
+
+    def states(dts):
+        shard_pieces = [value for _, value in truth + dts]
+        return [pickle.dumps(o[1].matches) for o in matcher.process((0, shard_pieces), categories)
+                if not isinstance(o, TaggedOutput)]
+
+    expected = states(whole)
+    assert states(pieces) == expected
+    assert states(pieces[::-1]) == expected
+    assert states(random.Random(3).sample(pieces, len(pieces))) == expected

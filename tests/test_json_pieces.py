@@ -1,0 +1,135 @@
+"""schemas/json_pieces.py: cutting a JSON array document into pieces that parse on their own.
+
+Against json.loads of the whole document: on random arrays (strings holding brackets, braces,
+commas, quotes and backslashes, so escapes, some cut across scan blocks; nested values,
+whitespace between tokens) the cuts are exactly the separators found the slow way, the pieces' elements,
+joined, are the document's, each piece's first index is right, and a document that is not one
+valid array either gives no pieces or leaves a piece that does not parse or is empty."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+
+from evalbeam.schemas import json_pieces
+from evalbeam.schemas.json_pieces import array_pieces, piece_text
+
+
+def parsed_pieces(raw: bytes, piece_bytes: int, max_depth: int = 64):
+    """The pieces' parsed arrays (None for one that does not parse), or None: read whole."""
+    cut = array_pieces(io.BytesIO(raw).read, piece_bytes, max_depth)
+    if cut is None:
+        return None, None
+    values = []
+    for k, (start, end, first) in enumerate(cut.pieces):
+        text = piece_text(raw[start:end], k == 0, k == len(cut.pieces) - 1)
+        try:
+            values.append((first, json.loads(text)))
+        except ValueError:
+            values.append((first, None))
+    return cut, values
+
+
+def random_value(rng, depth=0):
+    kind = rng.randrange(6 if depth < 5 else 3)
+    if kind == 0:
+        return rng.choice([0, 1.5, -2, True, False, None, 10 ** 30])
+    if kind in (1, 2):
+        return "".join(rng.choice('[]{},:ab "\\\n\u00e9') for _ in range(rng.randrange(8)))
+    if kind == 3:
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {str(rng.randrange(100)) + rng.choice(",[{"): random_value(rng, depth + 1)
+            for _ in range(rng.randrange(4))}
+
+
+def dumps_loosely(value, rng) -> str:
+    """json.dumps with random whitespace between tokens (JSON's four whitespace bytes)."""
+    space = lambda: "".join(rng.choice(" \t\n\r") for _ in range(rng.randrange(3)))  # noqa: E731
+    if isinstance(value, list):
+        return "[" + space() + ("," + space()).join(dumps_loosely(v, rng) + space() for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + space() + ",".join(space() + json.dumps(k) + space() + ":" + space()
+                                        + dumps_loosely(v, rng) + space()
+                                        for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+def separators(raw: bytes) -> list[int]:
+    """The commas that separate the elements of a valid array document, found the slow way: the
+    document's bytes up to a comma, closed by "]", parse exactly when the comma lies at depth 1
+    outside every string."""
+    found = []
+    for position in range(len(raw)):
+        if raw[position:position + 1] == b",":
+            try:
+                json.loads(raw[:position] + b"]")
+            except ValueError:
+                continue
+            found.append(position)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("block", [7, 64, 4 << 20])
+def test_pieces_hold_the_documents_elements_in_order(monkeypatch, seed, block):
+    monkeypatch.setattr(json_pieces, "BLOCK_BYTES", block)
+    rng = random.Random(seed)
+    split = 0
+    for _ in range(60):
+        elements = [random_value(rng) for _ in range(rng.randrange(2, 40))]
+        raw = (rng.choice(["", "\n ", "\ufeff"]) + dumps_loosely(elements, rng)
+               + rng.choice(["", "\n", " \r\n"])).encode()
+        whole = json.loads(raw)
+        piece_bytes = rng.choice([1, 5, 20, 80, len(raw) // 2 + 1])
+        # the cuts expected: the first separator at or after each piece_bytes boundary
+        expected, target = [], piece_bytes
+        for position in separators(raw):
+            if position >= target:
+                expected.append(position)
+                target = position + piece_bytes
+        cut, values = parsed_pieces(raw, piece_bytes)
+        if not expected:
+            assert cut is None
+            continue
+        split += 1
+        assert [end for _, end, _ in cut.pieces[:-1]] == expected
+        joined = []
+        for first, value in values:
+            assert value, raw
+            assert first == len(joined)
+            joined += value
+        assert joined == whole
+        assert json.loads(raw[cut.head[0]:cut.head[1]]) == whole[0]
+    assert split > 30
+
+
+def test_documents_read_whole_or_failing_in_a_piece():
+    """What array_pieces refuses (None), and invalid arrays whose pieces show it."""
+    refused = [b"", b"   ", b'{"a": [1, 2, 3]}', b"[1, 2, 3", b"[1, 2, 3]]", b"[1, 2] [3, 4]",
+               b"[1, 2, 3]x", b'[1, "2, 3]', b"[1, 2, 3]\x00",
+               "[1, 2, 3]".encode("utf-16-le"), b"[" * 70 + b"]" * 70 + b"", b"[1]",
+               b"[[1, 2, 3]]", b"]1, 2["]
+    for raw in refused:
+        assert array_pieces(io.BytesIO(raw).read, 1, 64) is None, raw
+    # valid arrays of a single element at depth 1, too deep ones: whole as well
+    assert array_pieces(io.BytesIO(b"[" + b"[" * 65 + b"]" * 65 + b", 1]").read, 1, 64) is None
+    # invalid JSON that is still one bracketed array: a piece fails or is empty
+    for raw in (b"[1, , 2]", b"[1, 2, ]", b"[, 1, 2]", b"[1, tru, 3]", b"[1 2, 3]",
+                b'[{"a": 1,}, 2]', b"[1, 2, 3,,]"):
+        cut, values = parsed_pieces(raw, 1)
+        assert cut is not None, raw
+        assert any(not value for _, value in values), raw
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 5])
+def test_state_carried_across_blocks(monkeypatch, block):
+    """Strings, escapes (a backslash ending a block escapes the next block's first byte) and
+    brackets that close in a later block than they open."""
+    monkeypatch.setattr(json_pieces, "BLOCK_BYTES", block)
+    raw = b'[ "a,b,[c", {"k": [1, 2, {"x": ",]\\\\"}]}, "\\",\\"", [[3]], "z\\\\", 4 ]'
+    cut, values = parsed_pieces(raw, 1)
+    assert [v for _, value in values for v in value] == json.loads(raw)
+    assert [first for first, _ in values] == [0, 1, 2, 3, 4, 5]
