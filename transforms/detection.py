@@ -35,9 +35,8 @@ from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.grouping import group_by_shard
 from evalbeam.transforms.io import (GROUNDTRUTHS, INPUT_SPLIT, SHARD_PIECE, TAG_REJECTED, TAG_STATS,
-                                    ProgressDoFn, ReadError, ReadFiles, ReadRowFile, SharedRead,
-                                    file_size, line_splittable, open_input, read_pcollections,
-                                    span_text)
+                                    ProgressDoFn, ReadError, ReadFiles, ReadRowFile, file_size,
+                                    line_splittable, open_input, read_pcollections, span_text)
 from evalbeam.transforms.line_spans import auto_split_bytes
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
@@ -117,23 +116,19 @@ class ReadCocoFile(ProgressDoFn):
     repeated category ids, a category name longer than MAX_LABEL_CHARS characters) raises
     transforms.io.ReadError: the launcher reports it as an input error (exit 2).
 
-    A results file larger than split_bytes (uncompressed) is not parsed here: its byte ranges
-    leave through TAG_COCO_PIECES as (source name, file id, start, end, first element, last,
-    area_from_bbox), cut by schemas.json_pieces.array_pieces, and the same DoFn reads each of
-    them after a Reshuffle (read_coco_pieces), so that workers parse one file together. Positions
-    stay the whole array's; a piece that does not parse makes its worker parse the file whole
-    for the error a whole read gives."""
+    It also reads the pieces of a cut results file (PlanCocoFile): (source name, file id,
+    start, end, first element, last, area_from_bbox) -> the shard pieces of those elements,
+    positions counted from the file's first. A piece that does not parse makes its worker parse
+    the file whole for the error a whole read gives."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
-                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS,
-                 split_bytes: int = 0):
+                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
         super().__init__(quiet, started)
         self.sources = sources
         self.iou_type = iou_type
         self.slice_keys = slice_keys
         self.num_shards = num_shards
         self.max_pixels = max_pixels
-        self.split_bytes = split_bytes
 
     def _rejects(self, name, path, bad, what=""):
         for position, reason in bad:
@@ -146,14 +141,6 @@ class ReadCocoFile(ProgressDoFn):
             return
         name, file_id = element
         path = self.sources[name].files[file_id]
-        if name != GROUNDTRUTHS and self.split_bytes > 0 and line_splittable(path) \
-                and file_size(path) > self.split_bytes:
-            pieces = self._plan(name, file_id, path)
-            if pieces:
-                for piece in pieces:
-                    yield beam.pvalue.TaggedOutput(TAG_COCO_PIECES, piece)
-                self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
-                return
         with open_input(path) as stream:
             obj, reason = coco_document(stream.read())
         if reason:
@@ -164,21 +151,6 @@ class ReadCocoFile(ProgressDoFn):
         else:
             yield from self._results(name, path, obj, segm)
         self.progress.say(path, f"read {path}", force=True)
-
-    def _plan(self, name, file_id, path) -> list[tuple] | None:
-        """The piece elements of a results file, or None: read it whole."""
-        with open_input(path) as stream:
-            cut = array_pieces(stream.read, self.split_bytes, MAX_DOCUMENT_NESTING)
-            if cut is None:
-                return None
-            stream.seek(cut.head[0])
-            head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
-        # pycocotools' loadRes: when the first result has a bbox, areas are box areas (a first
-        # element that does not parse fails its piece, and the run, anyway)
-        area_from_bbox = bool(head) and isinstance(head[0], dict) and bool(head[0].get("bbox"))
-        last = len(cut.pieces) - 1
-        return [(name, file_id, start, end, first, k == last, area_from_bbox)
-                for k, (start, end, first) in enumerate(cut.pieces)]
 
     def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
         path = self.sources[name].files[file_id]
@@ -278,6 +250,47 @@ _UNCUT = ("could not be read in pieces, though it parses whole: please report th
           "--input_split_bytes 0 reads every file whole")
 
 
+class PlanCocoFile(ProgressDoFn):
+    """(source name, file id) -> what ReadCocoFile is to read of it, tagged TAG_COCO_PIECES: the
+    element itself (the file read whole), or, for an uncompressed results file larger than
+    split_bytes that schemas.json_pieces.array_pieces can cut, its pieces (source name, file id,
+    start, end, first element, last, area_from_bbox). Only this step sees whole files: every
+    parse happens after the Reshuffle that follows it (read_coco_files)."""
+
+    def __init__(self, sources, split_bytes: int, quiet: bool, started: float):
+        super().__init__(quiet, started)
+        self.sources = sources
+        self.split_bytes = split_bytes
+
+    def process(self, element):
+        name, file_id = element
+        path = self.sources[name].files[file_id]
+        pieces = None
+        if name != GROUNDTRUTHS and self.split_bytes > 0 and line_splittable(path) \
+                and file_size(path) > self.split_bytes:
+            pieces = coco_pieces(name, file_id, path, self.split_bytes)
+        if pieces:
+            self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
+        for piece in pieces or [element]:
+            yield beam.pvalue.TaggedOutput(TAG_COCO_PIECES, piece)
+
+
+def coco_pieces(name, file_id, path, split_bytes: int) -> list[tuple] | None:
+    """The piece elements of a results file (PlanCocoFile), or None: read it whole."""
+    with open_input(path) as stream:
+        cut = array_pieces(stream.read, split_bytes, MAX_DOCUMENT_NESTING)
+        if cut is None:
+            return None
+        stream.seek(cut.head[0])
+        head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
+    # pycocotools' loadRes: when the first result has a bbox, areas are box areas (a first
+    # element that does not parse fails its piece, and the run, anyway)
+    area_from_bbox = bool(head) and isinstance(head[0], dict) and bool(head[0].get("bbox"))
+    last = len(cut.pieces) - 1
+    return [(name, file_id, start, end, first, k == last, area_from_bbox)
+            for k, (start, end, first) in enumerate(cut.pieces)]
+
+
 def coco_split_bytes(pipeline, sources) -> int:
     """The piece size of COCO results files: --input_split_bytes (split_inputs), else
     line_spans.auto_split_bytes of the results files that can be cut (uncompressed)."""
@@ -289,19 +302,26 @@ def coco_split_bytes(pipeline, sources) -> int:
                                 for path in source.files if line_splittable(path)))
 
 
-def read_coco_pieces(read, reader: ReadCocoFile, tags: tuple[str, ...]):
-    """ReadFiles' result with the pieces of cut results files (TAG_COCO_PIECES) read too: they
-    are spread over the workers (Reshuffle), read by the same reader, and flattened with the
-    files read whole."""
-    pieces = (read[TAG_COCO_PIECES]
-              | "SpreadCocoPieces" >> beam.Reshuffle()
-              | "ReadCocoPieces" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
-              .with_outputs(TAG_REJECTED, TAG_STATS, main="pieces"))
-    outputs = {tag: read[tag] for tag in tags if tag != TAG_COCO_PIECES}
-    for tag in (TAG_REJECTED, TAG_STATS):
-        outputs[tag] = (read[tag], pieces[tag]) | f"With{tag.title()}OfPieces" >> beam.Flatten()
-    outputs["pieces"] = (read.pieces, pieces.pieces) | "WithCocoPieces" >> beam.Flatten()
-    return SharedRead(outputs)
+class ReadCocoFiles(beam.PTransform):
+    """Every COCO file of the sources, as ReadFiles reads files: "pieces" and TAG_REJECTED,
+    TAG_STATS and TAG_CATEGORIES. PlanCocoFile (through ReadFiles, which shares reads in a
+    sweep) says what to read; after a Reshuffle, ReadCocoFile parses each file or piece. One
+    step makes every piece, so the matching that follows fuses with it: a Flatten of whole
+    files and pieces made the DirectRunner carry all of them through its own process first."""
+
+    def __init__(self, sources, reader: ReadCocoFile, split_bytes: int):
+        super().__init__()
+        self.sources = sources
+        self.reader = reader
+        self.split_bytes = split_bytes
+
+    def expand(self, pbegin):
+        planner = PlanCocoFile(self.sources, self.split_bytes, self.reader.quiet, self.reader.started)
+        plan = pbegin | "Plan" >> ReadFiles(self.sources, planner, (TAG_COCO_PIECES,))
+        return (plan[TAG_COCO_PIECES]
+                | "SpreadPieces" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(self.reader).with_output_types(SHARD_PIECE)
+                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
 
 class ReadNativeFile(ReadRowFile):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
@@ -807,11 +827,9 @@ class EvaluateDetectionFiles(beam.PTransform):
             read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader, tags)
         else:
             reader = ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards, self.quiet,
-                                  self.started, max_pixels,
-                                  coco_split_bytes(pbegin.pipeline, self.sources))
-            tags += (TAG_COCO_PIECES,)
-            read = read_coco_pieces(pbegin | "ReadFiles" >> ReadFiles(self.sources, reader, tags),
-                                    reader, tags)
+                                  self.started, max_pixels)
+            read = pbegin | "ReadFiles" >> ReadCocoFiles(
+                self.sources, reader, coco_split_bytes(pbegin.pipeline, self.sources))
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))

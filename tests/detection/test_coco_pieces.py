@@ -117,24 +117,23 @@ def test_pieces_in_any_order_make_the_file_s_state():
 
     from apache_beam.pvalue import TaggedOutput
 
-    from evalbeam.transforms.detection import (TAG_CATEGORIES, TAG_COCO_PIECES, MatchDetection,
+    from evalbeam.transforms.detection import (TAG_CATEGORIES, MatchDetection, PlanCocoFile,
                                                ReadCocoFile)
     from evalbeam.transforms.kernels.detection import DetectionConfig
 
     with tempfile.TemporaryDirectory() as folder:
         gt, results = write_case(Path(folder), 0, "bbox")
         sources = {"groundtruths": SimpleNamespace(files=[gt]), "m": SimpleNamespace(files=[results])}
-        readers = [ReadCocoFile(sources, "bbox", [], 1, True, 0.0, split_bytes=split)
-                   for split in (0, 2000)]
-        for reader in readers:
-            reader.setup()
-        read = list(readers[0].process(("groundtruths", 0)))
+        reader, planner = ReadCocoFile(sources, "bbox", [], 1, True, 0.0), PlanCocoFile(sources, 2000, True, 0.0)
+        reader.setup()
+        planner.setup()
+        read = list(reader.process(("groundtruths", 0)))
         truth = [o for o in read if not isinstance(o, TaggedOutput)]
         categories = next(o.value for o in read if isinstance(o, TaggedOutput) and o.tag == TAG_CATEGORIES)
-        whole = [o for o in readers[0].process(("m", 0)) if not isinstance(o, TaggedOutput)]
-        cuts = [o.value for o in readers[1].process(("m", 0)) if isinstance(o, TaggedOutput)
-                and o.tag == TAG_COCO_PIECES]
-        pieces = [o for cut in cuts for o in readers[1].process(cut) if not isinstance(o, TaggedOutput)]
+        whole = [o for o in reader.process(("m", 0)) if not isinstance(o, TaggedOutput)]
+        cuts = [o.value for o in planner.process(("m", 0))]
+        pieces = [o for cut in cuts for o in reader.process(cut) if not isinstance(o, TaggedOutput)]
+        assert [o.value for o in planner.process(("groundtruths", 0))] == [("groundtruths", 0)]
     assert len(cuts) > 10 and len(pieces) == len(cuts)
     matcher = MatchDetection(DetectionConfig(), ["m"], [()], {"m": [results]}, True, 0.0)
     matcher.setup()
