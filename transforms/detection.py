@@ -34,10 +34,9 @@ from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
 from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, INPUT_SPLIT, SHARD_PIECE, TAG_REJECTED, TAG_STATS,
-                                    ProgressDoFn, ReadError, ReadFiles, ReadRowFile, file_size,
-                                    line_splittable, open_input, read_pcollections, span_text)
-from evalbeam.transforms.line_spans import auto_split_bytes
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
+                                    ReadFiles, ReadRowFile, line_splittable, open_input,
+                                    read_pcollections, span_text)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, image_pair_counts,
@@ -50,7 +49,6 @@ from evalbeam.transforms.merge import (STATE_KEY, combine_states, merged_records
                                       records_of)
 
 TAG_CATEGORIES = "categories"
-TAG_COCO_PIECES = "coco_pieces"
 TAG_PRESENCE = "presence"
 # what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
 INTERVAL_UNIT = "image"
@@ -116,10 +114,11 @@ class ReadCocoFile(ProgressDoFn):
     repeated category ids, a category name longer than MAX_LABEL_CHARS characters) raises
     transforms.io.ReadError: the launcher reports it as an input error (exit 2).
 
-    It also reads the pieces of a cut results file (PlanCocoFile): (source name, file id,
-    start, end, first element, last, area_from_bbox) -> the shard pieces of those elements,
-    positions counted from the file's first. A piece that does not parse makes its worker parse
-    the file whole for the error a whole read gives."""
+    ReadFiles cuts an uncompressed results file larger than the split size into pieces (cuttable,
+    cut; transforms.io.CutFiles), and this reads each piece, (source name, file id, start, end,
+    first element, last, area_from_bbox), as the shard pieces of its elements, positions
+    counted from the file's first. A piece that does not parse makes its worker parse the file
+    whole for the error a whole read gives."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
                  quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
@@ -151,6 +150,17 @@ class ReadCocoFile(ProgressDoFn):
         else:
             yield from self._results(name, path, obj, segm)
         self.progress.say(path, f"read {path}", force=True)
+
+    def cuttable(self, name, path) -> bool:
+        """Whether ReadFiles may cut the file into pieces: a results file, uncompressed."""
+        return name != GROUNDTRUTHS and line_splittable(path)
+
+    def cut(self, name, file_id, path, split_bytes: int) -> list[tuple] | None:
+        """The pieces of a results file of about split_bytes each, or None: read it whole."""
+        pieces = coco_pieces(name, file_id, path, split_bytes)
+        if pieces:
+            self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
+        return pieces
 
     def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
         path = self.sources[name].files[file_id]
@@ -250,33 +260,8 @@ _UNCUT = ("could not be read in pieces, though it parses whole: please report th
           "--input_split_bytes 0 reads every file whole")
 
 
-class PlanCocoFile(ProgressDoFn):
-    """(source name, file id) -> what ReadCocoFile is to read of it, tagged TAG_COCO_PIECES: the
-    element itself (the file read whole), or, for an uncompressed results file larger than
-    split_bytes that schemas.json_pieces.array_pieces can cut, its pieces (source name, file id,
-    start, end, first element, last, area_from_bbox). Only this step sees whole files: every
-    parse happens after the Reshuffle that follows it (read_coco_files)."""
-
-    def __init__(self, sources, split_bytes: int, quiet: bool, started: float):
-        super().__init__(quiet, started)
-        self.sources = sources
-        self.split_bytes = split_bytes
-
-    def process(self, element):
-        name, file_id = element
-        path = self.sources[name].files[file_id]
-        pieces = None
-        if name != GROUNDTRUTHS and self.split_bytes > 0 and line_splittable(path) \
-                and file_size(path) > self.split_bytes:
-            pieces = coco_pieces(name, file_id, path, self.split_bytes)
-        if pieces:
-            self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
-        for piece in pieces or [element]:
-            yield beam.pvalue.TaggedOutput(TAG_COCO_PIECES, piece)
-
-
 def coco_pieces(name, file_id, path, split_bytes: int) -> list[tuple] | None:
-    """The piece elements of a results file (PlanCocoFile), or None: read it whole."""
+    """The piece elements of a results file (ReadCocoFile.cut), or None: read it whole."""
     with open_input(path) as stream:
         cut = array_pieces(stream.read, split_bytes, MAX_DOCUMENT_NESTING)
         if cut is None:
@@ -290,38 +275,6 @@ def coco_pieces(name, file_id, path, split_bytes: int) -> list[tuple] | None:
     return [(name, file_id, start, end, first, k == last, area_from_bbox)
             for k, (start, end, first) in enumerate(cut.pieces)]
 
-
-def coco_split_bytes(pipeline, sources) -> int:
-    """The piece size of COCO results files: --input_split_bytes (split_inputs), else
-    line_spans.auto_split_bytes of the results files that can be cut (uncompressed)."""
-    split = getattr(pipeline, INPUT_SPLIT, None)
-    if split is not None:
-        return split
-    return auto_split_bytes(sum(file_size(path) for name, source in sources.items()
-                                if name != GROUNDTRUTHS
-                                for path in source.files if line_splittable(path)))
-
-
-class ReadCocoFiles(beam.PTransform):
-    """Every COCO file of the sources, as ReadFiles reads files: "pieces" and TAG_REJECTED,
-    TAG_STATS and TAG_CATEGORIES. PlanCocoFile (through ReadFiles, which shares reads in a
-    sweep) says what to read; after a Reshuffle, ReadCocoFile parses each file or piece. One
-    step makes every piece, so the matching that follows fuses with it: a Flatten of whole
-    files and pieces made the DirectRunner carry all of them through its own process first."""
-
-    def __init__(self, sources, reader: ReadCocoFile, split_bytes: int):
-        super().__init__()
-        self.sources = sources
-        self.reader = reader
-        self.split_bytes = split_bytes
-
-    def expand(self, pbegin):
-        planner = PlanCocoFile(self.sources, self.split_bytes, self.reader.quiet, self.reader.started)
-        plan = pbegin | "Plan" >> ReadFiles(self.sources, planner, (TAG_COCO_PIECES,))
-        return (plan[TAG_COCO_PIECES]
-                | "SpreadPieces" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(self.reader).with_output_types(SHARD_PIECE)
-                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, main="pieces"))
 
 class ReadNativeFile(ReadRowFile):
     """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
@@ -820,16 +773,13 @@ class EvaluateDetectionFiles(beam.PTransform):
     def expand(self, pbegin):
         slice_keys = sorted({k for spec in self.slices for k in spec})
         iou_type, max_pixels = self.config.iou_type, self.config.max_image_pixels
-        tags = (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES)
-        if self.native:
-            reader = ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet,
-                                    self.started, iou_type, max_pixels)
-            read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader, tags)
-        else:
-            reader = ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards, self.quiet,
-                                  self.started, max_pixels)
-            read = pbegin | "ReadFiles" >> ReadCocoFiles(
-                self.sources, reader, coco_split_bytes(pbegin.pipeline, self.sources))
+        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
+                                 iou_type, max_pixels)
+                  if self.native else
+                  ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards,
+                               self.quiet, self.started, max_pixels))
+        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
+                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))

@@ -436,8 +436,9 @@ class ReadFiles(beam.PTransform):
     A reader with a splits(path) method that says yes gets a file larger than the pipeline's
     split size (split_inputs; default 64 MiB) as several elements (source name, file id,
     start, end, first line), one per byte span, so that several workers read one large file;
-    line numbers stay the whole file's (transforms/line_spans.py). Small files keep the
-    graph of one element per file.
+    line numbers stay the whole file's (transforms/line_spans.py). A reader with cuttable(name,
+    path) and cut(...) methods cuts such files itself, in a step before the reading (CutFiles).
+    Small files keep the graph of one element per file.
 
     In a pipeline marked by share_reads() (a sweep: many runs in one pipeline), a source that
     several jobs read is read on its own, and a later ReadFiles that reads it with an equal
@@ -493,9 +494,11 @@ class ReadFiles(beam.PTransform):
     def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
         split = getattr(pbegin.pipeline, INPUT_SPLIT, None)
         splits = getattr(reader, "splits", lambda _: False)
+        cuttable = getattr(reader, "cuttable", lambda name, path: False)
         if split is None:
-            split = auto_split_bytes(sum(file_size(path) for source in sources.values()
-                                         for path in source.files if splits(path)))
+            split = auto_split_bytes(sum(file_size(path) for name, source in sources.items()
+                                         for path in source.files
+                                         if splits(path) or cuttable(name, path)))
         files, spans = [], []
         for name, source in sorted(sources.items()):
             for i, path in enumerate(source.files):
@@ -509,10 +512,43 @@ class ReadFiles(beam.PTransform):
         if spans:
             elements = (elements, _numbered_spans(pbegin, spans, sources, suffix)) | (
                 f"AllFiles{suffix}" >> beam.Flatten())
+        if split > 0 and any(cuttable(name, path) and file_size(path) > split
+                             for name, source in sources.items() for path in source.files):
+            elements = (elements
+                        | f"SpreadFiles{suffix}" >> beam.Reshuffle()
+                        | f"Cut{suffix}" >> beam.ParDo(CutFiles(reader, split)))
         return (elements
                 | f"Spread{suffix}" >> beam.Reshuffle()  # lets a cluster read different files at once
                 | f"Read{suffix}" >> beam.ParDo(reader).with_output_types(SHARD_PIECE)
                 .with_outputs(*self.tags, main="pieces"))
+
+
+class CutFiles(beam.DoFn):
+    """(source name, file id) -> what `reader` is to read of the file: the element itself, or,
+    for a file larger than split_bytes that reader.cuttable(name, path) allows, the pieces
+    reader.cut(name, file id, path, split_bytes) returns (None: read it whole). Readers that
+    cut a file themselves, because only its content says where (a COCO results array:
+    transforms/detection.py), plan here, in a worker, since only workers are sure to see the
+    files; every parse happens after the Reshuffle that follows."""
+
+    def __init__(self, reader: beam.DoFn, split_bytes: int):
+        super().__init__()
+        self.reader = reader
+        self.split_bytes = split_bytes
+
+    def setup(self):
+        self.reader.setup()
+
+    def process(self, element):
+        if len(element) == 2:
+            name, file_id = element
+            path = self.reader.sources[name].files[file_id]
+            if self.reader.cuttable(name, path) and file_size(path) > self.split_bytes:
+                pieces = self.reader.cut(name, file_id, path, self.split_bytes)
+                if pieces:
+                    yield from pieces
+                    return
+        yield element
 
 
 def _numbered_spans(pbegin, spans: list, sources: dict, suffix: str):

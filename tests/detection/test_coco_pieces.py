@@ -40,9 +40,9 @@ def write_case(folder, seed: int, iou_type: str) -> tuple[str, str]:
     return str(folder / "instances.json"), str(folder / "results.json")
 
 
-def run(folder, gt, results, out, *extra):
+def run(folder, gt, results, out, *extra, model="m"):
     done = run_cli_subprocess(["detection", "--groundtruths", gt, "--predictions",
-                               f"m={results}", "--output", folder / out, "--quiet",
+                               f"{model}={results}", "--output", folder / out, "--quiet",
                                "--max_rejected_fraction", "0.5", *extra])
     return done, folder / out
 
@@ -117,23 +117,21 @@ def test_pieces_in_any_order_make_the_file_s_state():
 
     from apache_beam.pvalue import TaggedOutput
 
-    from evalbeam.transforms.detection import (TAG_CATEGORIES, MatchDetection, PlanCocoFile,
-                                               ReadCocoFile)
+    from evalbeam.transforms.detection import TAG_CATEGORIES, MatchDetection, ReadCocoFile
     from evalbeam.transforms.kernels.detection import DetectionConfig
 
     with tempfile.TemporaryDirectory() as folder:
         gt, results = write_case(Path(folder), 0, "bbox")
         sources = {"groundtruths": SimpleNamespace(files=[gt]), "m": SimpleNamespace(files=[results])}
-        reader, planner = ReadCocoFile(sources, "bbox", [], 1, True, 0.0), PlanCocoFile(sources, 2000, True, 0.0)
+        reader = ReadCocoFile(sources, "bbox", [], 1, True, 0.0)
         reader.setup()
-        planner.setup()
         read = list(reader.process(("groundtruths", 0)))
         truth = [o for o in read if not isinstance(o, TaggedOutput)]
         categories = next(o.value for o in read if isinstance(o, TaggedOutput) and o.tag == TAG_CATEGORIES)
         whole = [o for o in reader.process(("m", 0)) if not isinstance(o, TaggedOutput)]
-        cuts = [o.value for o in planner.process(("m", 0))]
+        cuts = reader.cut("m", 0, results, 2000)
         pieces = [o for cut in cuts for o in reader.process(cut) if not isinstance(o, TaggedOutput)]
-        assert [o.value for o in planner.process(("groundtruths", 0))] == [("groundtruths", 0)]
+        assert not reader.cuttable("groundtruths", gt) and reader.cuttable("m", results)
     assert len(cuts) > 10 and len(pieces) == len(cuts)
     matcher = MatchDetection(DetectionConfig(), ["m"], [()], {"m": [results]}, True, 0.0)
     matcher.setup()
@@ -147,3 +145,45 @@ def test_pieces_in_any_order_make_the_file_s_state():
     assert states(pieces) == expected
     assert states(pieces[::-1]) == expected
     assert states(random.Random(3).sample(pieces, len(pieces))) == expected
+
+
+def test_a_sweep_cuts_results_files_and_each_cell_equals_its_run_alone(tmp_path):
+    """A sweep of two detection cells over one instances file: each results file is cut (its
+    reading shared by the graph as any read), and each cell writes what its run alone writes
+    reading the file whole."""
+    gt, results = write_case(tmp_path / "in", 5, "bbox")
+    rows = json.loads(open(results).read())
+    second = tmp_path / "in" / "second.json"
+    second.write_text(json.dumps([dict(r, score=round(r["score"] * 0.9, 6))
+                                  if isinstance(r, dict) and isinstance(r.get("score"), float) else r
+                                  for r in rows]))
+    manifest = tmp_path / "sweep.toml"
+    manifest.write_text(f"""
+[sweep]
+max_rejected_fraction = 0.5
+
+[[dataset]]
+name = "boxes"
+task = "detection"
+groundtruths = "{gt}"
+
+[[model]]
+name = "first"
+predictions = "{results}"
+
+[[model]]
+name = "second"
+predictions = "{second}"
+""")
+    done = run_cli_subprocess(["sweep", manifest, "--output", tmp_path / "sweep", "--quiet",
+                               "--input_split_bytes", "2000"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for model, path in (("first", results), ("second", str(second))):
+        alone, out = run(tmp_path, gt, path, f"alone-{model}", "--input_split_bytes", "0", model=model)
+        assert alone.returncode == 0, alone.stderr[-2000:]
+        cell = tmp_path / "sweep" / "cells" / "boxes" / model
+        for name in ("metrics.jsonl", "rejected.jsonl"):
+            got = (cell / name).read_text().replace(str(cell), "OUT")
+            assert got == (out / name).read_text().replace(str(out), "OUT"), (model, name)
+        shuffles = json.loads((cell / "run.json").read_text())["shuffles"]
+        assert shuffles["GroupByShard"]["elements"] > 10, shuffles
