@@ -31,10 +31,9 @@ The scan returns None (read the document whole, as before) when:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
-
-import re
 
 import numpy as np
 
