@@ -1,9 +1,9 @@
 """schemas/json_pieces.py: cutting a JSON array document into pieces that parse on their own.
 
-Against json.loads of the whole document: on random arrays (strings holding brackets, braces,
-commas, quotes and backslashes, so escapes, some cut across scan blocks; nested values,
-whitespace between tokens) the cuts are exactly the separators found the slow way, the pieces' elements,
-joined, are the document's, each piece's first index is right, and a document that is not one
+Against json.loads of the whole document, on random arrays: strings holding brackets, braces,
+commas, quotes and backslashes (so escapes, some across scan blocks), nested values, whitespace
+between tokens. The cuts are exactly the separators found the slow way, the pieces' elements
+joined are the document's, and each piece's first index is right. A document that is not one
 valid array either gives no pieces or leaves a piece that does not parse or is empty."""
 
 from __future__ import annotations
