@@ -26,15 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    import orjson
-except ImportError:   # an optional speed-up: json.loads gives the same values
-    orjson = None
-
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.json_pieces import piece_text
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
-from evalbeam.schemas.safe_json import BOM, MAX_NESTING, lone_surrogate, slice_value_problem
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, json_value, lone_surrogate,
+                                        slice_value_problem)
 from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
@@ -172,29 +168,16 @@ _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
 
 
-# Every byte as "1" (a digit) or "0": 20 digits in a row may be an integer beyond 64 bits, which
-# orjson would turn into a float. (A translate and a substring search: C speed, unlike a regex.)
-_DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
-_TWENTY_DIGITS = b"1" * 20
-
-
 def _parse(raw: bytes):
-    """json.loads(raw), by orjson when it can give the same value: it parses a COCO file 1.6 to
-    2 times faster, with the same correctly rounded floats and the same last-key-wins objects.
-    Whatever orjson refuses (NaN, lone surrogates, broken documents) or would read differently
-    (integers beyond 64 bits) goes to json.loads, whose values and errors the callers expect."""
+    """json.loads(raw)'s value (safe_json.json_value: by orjson when it gives the same), with
+    the cyclic garbage collector paused."""
     # A parse builds one tree of fresh objects and no reference cycle: the cyclic collector,
     # run again and again as the tree grows, would walk it for nothing (a 240 MB results file:
     # 7.3 s with Python's default thresholds, 3.0 s with evalbeam's, 1.9 s with none)
     enabled = gc.isenabled()
     gc.disable()
     try:
-        if orjson is not None and _TWENTY_DIGITS not in raw.translate(_DIGIT_MAP):
-            try:
-                return orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                pass
-        return json.loads(raw)
+        return json_value(raw)
     finally:
         if enabled:
             gc.enable()

@@ -65,6 +65,69 @@ def test_too_deep_answers_as_nesting_depth_does(seed):
             assert too_deep(raw, limit) == (nesting_depth(raw) > limit), (raw, limit)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_json_value_is_json_loads(seed):
+    """safe_json.json_value (orjson when it gives the same value) against json.loads: integers
+    of 17 to 25 digits of both signs (orjson reads some of 19 and 20 digits as floats), long
+    floats, NaN and Infinity, surrogates, duplicate keys, broken JSON, NUL bytes."""
+    import math
+    import random
+
+    from evalbeam.schemas.safe_json import json_value
+
+    rng = random.Random(seed)
+
+    def token():
+        kind = rng.randrange(8)
+        if kind == 0:
+            digits = rng.randint(17, 25)
+            return rng.choice(["", "-"]) + str(rng.randint(1, 9)) + "".join(
+                str(rng.randrange(10)) for _ in range(digits - 1))
+        if kind == 1:
+            return rng.choice(["9223372036854775807", "9223372036854775808", "-9223372036854775808",
+                               "-9223372036854775809", "18446744073709551615", "18446744073709551616"])
+        if kind == 2:
+            return "0." + "".join(str(rng.randrange(10)) for _ in range(rng.randint(1, 30)))
+        if kind == 3:
+            return rng.choice(["NaN", "Infinity", "-Infinity", "1e400", "-0", "1E5", "tru"])
+        if kind == 4:
+            return rng.choice(['"\\ud800"', '"\\ud83d\\ude00"', '"a\\u0000b"', '"\\/"'])
+        if kind == 5:
+            return '{"k": 1, "k": ' + str(rng.randrange(9)) + "}"
+        return str(rng.randrange(-1000, 1000))
+
+    def same(a, b):
+        if isinstance(a, float) and math.isnan(a):
+            return isinstance(b, float) and math.isnan(b)
+        return type(a) is type(b) and (a == b if not isinstance(a, list)
+                                       else len(a) == len(b) and all(map(same, a, b)))
+
+    for _ in range(500):
+        raw = ("[" + ", ".join(token() for _ in range(rng.randint(1, 5))) + "]").encode()
+        try:
+            expected = json.loads(raw.decode())
+        except ValueError:
+            with pytest.raises(ValueError):
+                json_value(raw, raw.decode())
+            continue
+        assert same(json_value(raw, raw.decode()), expected), raw
+    # bytes json.loads would decode as UTF-32: with the text, they are not JSON
+    with pytest.raises(ValueError):
+        json_value("[1]".encode("utf-32-be"), "[1]".encode("utf-32-be").decode())
+
+
+def test_an_id_just_below_int64_is_named_as_such_in_coco_files():
+    """-9223372036854775809 has 19 digits: orjson would read it as a float ("must be an
+    integer"); json reads the integer, which does not fit int64."""
+    from evalbeam.schemas.coco_rows import box_rows, coco_document
+
+    rows, reason = coco_document(b'[{"image_id": -9223372036854775809, "category_id": 1, '
+                                 b'"bbox": [1, 2, 3, 4], "score": 0.5}]')
+    assert reason is None and rows[0]["image_id"] == -9223372036854775809
+    assert box_rows(rows, True, False)[1] == [
+        (0, "image_id -9223372036854775809 does not fit a 64-bit integer")]
+
 def test_hostile_depths_are_rejected_before_any_parser():
     for depth in (65, 2_000, 100_000):
         raw = ("[" * depth + "]" * depth).encode()
