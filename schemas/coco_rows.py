@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from evalbeam.schemas.coco import rle_problem
-from evalbeam.schemas.json_pieces import piece_text
+from evalbeam.schemas.json_pieces import BRACKET_STEP, ESCAPE, piece_text
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
 from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, json_value, lone_surrogate,
                                         slice_value_problem)
@@ -134,7 +134,6 @@ def _segmentation_problem(seg, max_pixels: int = MAX_IMAGE_PIXELS, values: bool 
 
 _KEEP = b'[]{}"'
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in _KEEP)
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
@@ -144,7 +143,7 @@ def document_depth(raw: bytes) -> int:
     every quote left delimits a string; then only brackets and quotes are kept (a C-speed
     translate: a COCO file shrinks about 15-fold) and the depth is a running sum over them."""
     if b"\\" in raw:
-        raw = _ESCAPE.sub(b"", raw)
+        raw = ESCAPE.sub(b"", raw)
     kept = np.frombuffer(raw.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
     # In pieces of 4 Mi structure bytes, carrying the string parity and the depth across:
     # arrays the size of a whole 240 MB results file made the first call 0.8 s, not 0.27 s
@@ -156,16 +155,13 @@ def document_depth(raw: bytes) -> int:
         # survives); a bracket there does not count, and a quote steps 0 by itself
         inside = (np.cumsum(piece == ord('"'), dtype=np.uint8) + parity) & 1
         parity = int(inside[-1])
-        running = np.cumsum(_STEP[piece] * (1 - inside).view(np.int8), dtype=np.int32)
+        running = np.cumsum(BRACKET_STEP[piece] * (1 - inside).view(np.int8), dtype=np.int32)
         deepest = max(deepest, depth + int(running.max()))
         depth += int(running[-1])
     return deepest
 
 
 _DEPTH_PIECE = 1 << 22
-_STEP = np.zeros(256, dtype=np.int8)
-_STEP[list(b"[{")] = 1
-_STEP[list(b"]}")] = -1
 
 
 def _parse(raw: bytes):

@@ -42,12 +42,14 @@ from evalbeam.schemas.safe_json import BOM
 BLOCK_BYTES = 4 << 20         # bytes scanned at a time: memory stays bounded whatever the file
 WHITESPACE = b" \t\n\r"
 
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+# an escape: a backslash and the byte after it
+ESCAPE = re.compile(rb"\\.", re.DOTALL)
+# the depth step of each byte: +1 opens an array or object, -1 closes one
+BRACKET_STEP = np.zeros(256, dtype=np.int8)
+BRACKET_STEP[list(b"[{")] = 1
+BRACKET_STEP[list(b"]}")] = -1
 _STRUCTURE = np.zeros(256, dtype=bool)
 _STRUCTURE[list(b'[]{}",')] = True
-_STEP = np.zeros(256, dtype=np.int8)
-_STEP[list(b"[{")] = 1
-_STEP[list(b"]}")] = -1
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def array_pieces(read: Callable[[int], bytes], piece_bytes: int,
             # opens or closes one); uint8 sums wrap, the parity survives
             inside = (np.cumsum(kept == ord('"'), dtype=np.uint8) + parity) & 1
             parity = int(inside[-1])
-            step = _STEP[kept] * (1 - inside).view(np.int8)
+            step = BRACKET_STEP[kept] * (1 - inside).view(np.int8)
             running = depth + np.cumsum(step, dtype=np.int64)
             if running.min() < 0:
                 return None                       # a bracket that closes nothing
@@ -137,7 +139,7 @@ def _neutral_escapes(block: bytes, escaped: bool) -> bytes:
     left for the caller. The length is the block's."""
     if escaped:
         block = b"_" + block[1:]
-    return _ESCAPE.sub(b"__", block)
+    return ESCAPE.sub(b"__", block)
 
 
 def piece_text(raw: bytes, first: bool, last: bool) -> bytes:

@@ -157,10 +157,18 @@ class ReadCocoFile(ProgressDoFn):
 
     def cut(self, name, file_id, path, split_bytes: int) -> list[tuple] | None:
         """The pieces of a results file of about split_bytes each, or None: read it whole."""
-        pieces = coco_pieces(name, file_id, path, split_bytes)
-        if pieces:
-            self.progress.say(path, f"cut {path} into {len(pieces)} pieces", force=True)
-        return pieces
+        with open_input(path) as stream:
+            cut = array_pieces(stream.read, split_bytes, MAX_DOCUMENT_NESTING)
+            if cut is None:
+                return None
+            stream.seek(cut.head[0])
+            head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
+        # a first element that does not parse fails its piece, and the run, anyway
+        area_from_bbox = _areas_from_boxes(head or [])
+        last = len(cut.pieces) - 1
+        self.progress.say(path, f"cut {path} into {last + 1} pieces", force=True)
+        return [(name, file_id, start, end, first, k == last, area_from_bbox)
+                for k, (start, end, first) in enumerate(cut.pieces)]
 
     def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
         path = self.sources[name].files[file_id]
@@ -242,8 +250,7 @@ class ReadCocoFile(ProgressDoFn):
             raise ReadError(f"{path} (given for {name}) is not a COCO results file (a JSON array "
                             "of detections). Nothing of it was used.")
         if area_from_bbox is None:
-            # pycocotools' loadRes: when the first result has a bbox, areas are box areas
-            area_from_bbox = bool(obj) and isinstance(obj[0], dict) and bool(obj[0].get("bbox"))
+            area_from_bbox = _areas_from_boxes(obj)
         dts, bad = box_rows(obj, detections=True, need_segmentation=segm, max_pixels=self.max_pixels)
         if first:
             dts.position += first
@@ -255,25 +262,14 @@ class ReadCocoFile(ProgressDoFn):
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
 
+def _areas_from_boxes(results: list) -> bool:
+    """pycocotools' loadRes: when the first result has a bbox, detection areas are box areas."""
+    return bool(results) and isinstance(results[0], dict) and bool(results[0].get("bbox"))
+
+
 # a piece that does not parse while the whole document does: the cut was wrong
 _UNCUT = ("could not be read in pieces, though it parses whole: please report this; "
           "--input_split_bytes 0 reads every file whole")
-
-
-def coco_pieces(name, file_id, path, split_bytes: int) -> list[tuple] | None:
-    """The piece elements of a results file (ReadCocoFile.cut), or None: read it whole."""
-    with open_input(path) as stream:
-        cut = array_pieces(stream.read, split_bytes, MAX_DOCUMENT_NESTING)
-        if cut is None:
-            return None
-        stream.seek(cut.head[0])
-        head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
-    # pycocotools' loadRes: when the first result has a bbox, areas are box areas (a first
-    # element that does not parse fails its piece, and the run, anyway)
-    area_from_bbox = bool(head) and isinstance(head[0], dict) and bool(head[0].get("bbox"))
-    last = len(cut.pieces) - 1
-    return [(name, file_id, start, end, first, k == last, area_from_bbox)
-            for k, (start, end, first) in enumerate(cut.pieces)]
 
 
 class ReadNativeFile(ReadRowFile):
