@@ -20,7 +20,7 @@ from evalbeam.schemas.json_pieces import array_pieces, piece_text
 
 def parsed_pieces(raw: bytes, piece_bytes: int, max_depth: int = 64):
     """The pieces' parsed arrays (None for one that does not parse), or None: read whole."""
-    cut = array_pieces(io.BytesIO(raw).read, piece_bytes, max_depth)
+    cut = array_pieces(io.BytesIO(raw), piece_bytes, max_depth)
     if cut is None:
         return None, None
     values = []
@@ -113,9 +113,9 @@ def test_documents_read_whole_or_failing_in_a_piece():
                "[1, 2, 3]".encode("utf-16-le"), b"[" * 70 + b"]" * 70 + b"", b"[1]",
                b"[[1, 2, 3]]", b"]1, 2["]
     for raw in refused:
-        assert array_pieces(io.BytesIO(raw).read, 1, 64) is None, raw
+        assert array_pieces(io.BytesIO(raw), 1, 64) is None, raw
     # valid arrays of a single element at depth 1, too deep ones: whole as well
-    assert array_pieces(io.BytesIO(b"[" + b"[" * 65 + b"]" * 65 + b", 1]").read, 1, 64) is None
+    assert array_pieces(io.BytesIO(b"[" + b"[" * 65 + b"]" * 65 + b", 1]"), 1, 64) is None
     # invalid JSON that is still one bracketed array: a piece fails or is empty
     for raw in (b"[1, , 2]", b"[1, 2, ]", b"[, 1, 2]", b"[1, tru, 3]", b"[1 2, 3]",
                 b'[{"a": 1,}, 2]', b"[1, 2, 3,,]"):
@@ -133,3 +133,88 @@ def test_state_carried_across_blocks(monkeypatch, block):
     cut, values = parsed_pieces(raw, 1)
     assert [v for _, value in values for v in value] == json.loads(raw)
     assert [first for first, _ in values] == [0, 1, 2, 3, 4, 5]
+
+
+def object_document(rng) -> tuple[bytes, dict]:
+    """A random object document with an "annotations" array among other members (arrays,
+    objects, strings holding brackets and the member's name), its name sometimes written with
+    escapes, in random order and spacing; and its value."""
+    members = {"images": [random_value(rng) for _ in range(rng.randrange(4))],
+               "info": {"about annotations": random_value(rng), "x": "\"annotations\": [1, 2]"},
+               "tail": "]}, [", "categories": [{"id": 1, "name": "a,b"}]}
+    members = dict(rng.sample(sorted(members.items()), rng.randrange(len(members) + 1)))
+    annotations = [random_value(rng) for _ in range(rng.randrange(2, 40))]
+    space = lambda: "".join(rng.choice(" \t\n\r") for _ in range(rng.randrange(3)))  # noqa: E731
+    items = [(json.dumps(k), dumps_loosely(v, rng)) for k, v in members.items()]
+    name = rng.choice(['"annotations"', '"annot\\u0061tions"', '"\\u0061nnotations"'])
+    items.insert(rng.randrange(len(items) + 1), (name, dumps_loosely(annotations, rng)))
+    text = "{" + ",".join(space() + k + space() + ":" + space() + v + space() for k, v in items) + "}"
+    raw = (rng.choice(["", "\ufeff", " \n"]) + text + rng.choice(["", "\n"])).encode()
+    return raw, dict(members, annotations=annotations)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block", [7, 64, 4 << 20])
+def test_a_members_array_is_cut_like_an_array_document(monkeypatch, seed, block):
+    """An object's "annotations" array: the cuts are the array's separators found the slow
+    way (counted from the array's "["), the pieces hold its elements, and the rest of the
+    document, the array replaced by [], parses to the document without them."""
+    monkeypatch.setattr(json_pieces, "BLOCK_BYTES", block)
+    rng = random.Random(seed)
+    split = 0
+    for _ in range(40):
+        raw, whole = object_document(rng)
+        assert json.loads(raw) == whole
+        piece_bytes = rng.choice([1, 5, 20, 80])
+        cut = array_pieces(io.BytesIO(raw), piece_bytes, 64, member="annotations")
+        if cut is None:
+            continue
+        split += 1
+        start, end = cut.span
+        assert json.loads(raw[start:end]) == whole["annotations"]
+        expected, target = [], start + piece_bytes
+        for position in separators(raw[start:end]):
+            if start + position >= target:
+                expected.append(start + position)
+                target = start + position + piece_bytes
+        assert [stop for _, stop, _ in cut.pieces[:-1]] == expected
+        joined = []
+        for k, (a, b, first) in enumerate(cut.pieces):
+            assert first == len(joined)
+            joined += json.loads(piece_text(raw[a:b], k == 0, k == len(cut.pieces) - 1))
+        assert joined == whole["annotations"]
+        assert json.loads(raw[cut.head[0]:cut.head[1]]) == whole["annotations"][0]
+        rest = raw[:start] + b"[]" + raw[end:]
+        assert json.loads(rest) == dict(whole, annotations=[])
+    assert split > 25
+
+
+def test_members_read_whole_or_failing_in_a_piece():
+    """What a member cut refuses (None), and invalid documents whose pieces or rest show it."""
+    many = "{" + ", ".join(f'"k{i}": []' for i in range(json_pieces.MAX_MEMBERS + 1))
+    refused = [b'{"annotations": [1, 2, 3], "annotations": [4, 5]}',
+               b'{"x": "annotations", "annotations": [1, 2, 3]}',
+               b'{"annotations": {"a": 1, "b": 2}}', b'{"annotations": 5, "y": [1, 2]}',
+               b"[1, 2, 3]", b'{"images": [1, 2, 3]}', b'{"annotations": [1, 2, 3]} {"a": 1}',
+               b'{"annotations": [1, 2, 3]', b'{"annotations": [1]}', b'{"a": {"annotations": [1, 2]}}',
+               b'{"annotations"' + b" " * 5000 + b": [1, 2, 3]}",
+               (many + ', "annotations": [1, 2, 3]}').encode(), b'{"annotations": [1, 2, 3]}\x00']
+    for raw in refused:
+        assert array_pieces(io.BytesIO(raw), 1, 64, member="annotations") is None, raw
+    cut = array_pieces(io.BytesIO(b'{"annotations" \n:\t [1, 2, 3]}'), 1, 64, member="annotations")
+    assert [first for _, _, first in cut.pieces] == [0, 1, 2]
+    # invalid documents that still cut: a piece or the rest does not parse (or is empty)
+    for raw in (b'{"annotations": [1, , 2]}', b'{"annotations": [1, 2,]}',
+                b'{"images": [tru], "annotations": [1, 2, 3]}', b'{"annotations": [1, 2] "a": 1}'):
+        cut = array_pieces(io.BytesIO(raw), 1, 64, member="annotations")
+        assert cut is not None, raw
+        texts = [piece_text(raw[a:b], k == 0, k == len(cut.pieces) - 1)
+                 for k, (a, b, _) in enumerate(cut.pieces)]
+        texts.append(raw[:cut.span[0]] + b"[]" + raw[cut.span[1]:])
+        failed = 0
+        for text in texts:
+            try:
+                failed += not json.loads(text)
+            except ValueError:
+                failed += 1
+        assert failed, raw

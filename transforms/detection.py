@@ -107,18 +107,25 @@ def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
 class ReadCocoFile(ProgressDoFn):
     """(source name, file id) -> shard pieces of one COCO file.
 
-    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))) and the categories as
-    TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model, (area_from_bbox,
-    BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS. A file that is
-    not one usable COCO document (cut short, not JSON, nested too deep, of the wrong shape,
-    repeated category ids, a category name longer than MAX_LABEL_CHARS characters) raises
-    transforms.io.ReadError: the launcher reports it as an input error (exit 2).
+    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows, rejected image ids))) and the
+    categories as TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model,
+    (area_from_bbox, BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS.
+    A file that is not one usable COCO document (cut short, not JSON, nested too deep, of the
+    wrong shape, repeated category ids, a category name longer than MAX_LABEL_CHARS characters)
+    raises transforms.io.ReadError: the launcher reports it as an input error (exit 2).
 
-    ReadFiles cuts an uncompressed results file larger than the split size into pieces (cuttable,
-    cut; transforms.io.CutFiles), and this reads each piece, (source name, file id, start, end,
-    first element, last, area_from_bbox), as the shard pieces of its elements, positions
-    counted from the file's first. A piece that does not parse makes its worker parse the file
-    whole for the error a whole read gives."""
+    Rows are checked here on their own; the checks of an annotation against the images and
+    categories (its image exists and was not rejected, its category exists) are
+    MatchDetection's, which sees each shard's images and every category: so the annotations
+    need not be read where the images are. The rejected image ids go to their shards for that.
+
+    ReadFiles cuts an uncompressed file larger than the split size into pieces (cuttable, cut;
+    transforms.io.CutFiles): a results file's array, an instances file's "annotations" array.
+    This reads each piece, (source name, file id, start, end, first element, last,
+    area_from_bbox), as the shard pieces of its elements, positions counted from the array's
+    first; an instances file's rest, (source name, file id, start, end, None, None, None), is
+    the document with the annotations array (bytes start to end) replaced by []. A piece that
+    does not parse makes its worker parse the file whole for the error a whole read gives."""
 
     def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
                  quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
@@ -152,37 +159,67 @@ class ReadCocoFile(ProgressDoFn):
         self.progress.say(path, f"read {path}", force=True)
 
     def cuttable(self, name, path) -> bool:
-        """Whether ReadFiles may cut the file into pieces: a results file, uncompressed."""
-        return name != GROUNDTRUTHS and line_splittable(path)
+        """Whether ReadFiles may cut the file into pieces: uncompressed."""
+        return line_splittable(path)
 
     def cut(self, name, file_id, path, split_bytes: int) -> list[tuple] | None:
-        """The pieces of a results file of about split_bytes each, or None: read it whole."""
+        """The pieces of about split_bytes each of a results file's array, or of an instances
+        file's "annotations" array and the rest of it; None: read it whole."""
+        groundtruth = name == GROUNDTRUTHS
         with open_input(path) as stream:
-            cut = array_pieces(stream.read, split_bytes, MAX_DOCUMENT_NESTING)
+            cut = array_pieces(stream, split_bytes, MAX_DOCUMENT_NESTING,
+                               "annotations" if groundtruth else None)
             if cut is None:
                 return None
             stream.seek(cut.head[0])
             head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
         # a first element that does not parse fails its piece, and the run, anyway
-        area_from_bbox = _areas_from_boxes(head or [])
+        area_from_bbox = None if groundtruth else _areas_from_boxes(head or [])
         last = len(cut.pieces) - 1
         self.progress.say(path, f"cut {path} into {last + 1} pieces", force=True)
-        return [(name, file_id, start, end, first, k == last, area_from_bbox)
-                for k, (start, end, first) in enumerate(cut.pieces)]
+        rest = [(name, file_id, *cut.span, None, None, None)] if groundtruth else []
+        return rest + [(name, file_id, start, end, first, k == last, area_from_bbox)
+                       for k, (start, end, first) in enumerate(cut.pieces)]
 
     def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
         path = self.sources[name].files[file_id]
         with open_input(path) as stream:
-            stream.seek(start)
-            obj = coco_piece(stream.read(end - start), start == 0, last)
+            if first is None:     # an instances file without its annotations
+                raw = stream.read(start) + b"[]"
+                stream.seek(end)
+                obj, reason = coco_document(raw + stream.read())
+                obj = None if reason else obj
+            else:
+                stream.seek(start)
+                obj = coco_piece(stream.read(end - start), first == 0, last)
         if obj is None:
-            with open_input(path) as stream:
-                _, reason = coco_document(stream.read())
-            raise ReadError(f"{path} (given for {name}) {reason or _UNCUT}. Nothing of it was used.")
-        yield from self._results(name, path, obj, self.iou_type == "segm", area_from_bbox, first)
-        self.progress.say(path, f"read {path}{span_text(start, end)}")
+            raise self._whole_error(name, path) or ReadError(
+                f"{path} (given for {name}) {_UNCUT}. Nothing of it was used.")
+        segm = self.iou_type == "segm"
+        if first is None:
+            try:
+                outputs = list(self._groundtruth(name, path, obj, segm))
+            except ReadError as error:
+                # a whole read names the JSON's error first, which a piece may hold
+                raise self._whole_error(name, path) or error from None
+            yield from outputs
+            self.progress.say(path, f"read {path} but its annotations")
+        elif name == GROUNDTRUTHS:
+            yield from self._annotations(name, path, obj, segm, first)
+            self.progress.say(path, f"read {path}{span_text(start, end)}")
+        else:
+            yield from self._results(name, path, obj, segm, area_from_bbox, first)
+            self.progress.say(path, f"read {path}{span_text(start, end)}")
+
+    def _whole_error(self, name, path) -> ReadError | None:
+        """The error of parsing the file whole, if it has one."""
+        with open_input(path) as stream:
+            _, reason = coco_document(stream.read())
+        return reason and ReadError(f"{path} (given for {name}) {reason}. Nothing of it was used.")
 
     def _groundtruth(self, name, path, obj, segm):
+        """The images, categories and annotations of an instances file (the annotations of a
+        cut one are [] here: its pieces hold them)."""
         if not isinstance(obj, dict):
             raise ReadError(f"{path} (given for {name}) is not a COCO instances file (a JSON "
                             "object). Nothing of it was used.")
@@ -193,8 +230,6 @@ class ReadCocoFile(ProgressDoFn):
                             f"\"{wrong[0]}\" is not a JSON array. Nothing of it was used.")
         images, bad_images = image_rows(lists["images"], self.slice_keys, need_size=segm,
                                         max_pixels=self.max_pixels)
-        anns, bad = box_rows(lists["annotations"], detections=False, need_segmentation=segm,
-                             max_pixels=self.max_pixels)
         categories = sorted((c for c in lists["categories"]
                              if isinstance(c, dict) and isinstance(c.get("id"), int)
                              and not isinstance(c["id"], bool) and INT64[0] <= c["id"] <= INT64[1]),
@@ -211,37 +246,51 @@ class ReadCocoFile(ProgressDoFn):
             # its annotations and change what the metrics mean, so the file is refused whole
             raise ReadError(f"{path} (given for {name}) cannot be used: {too_long}. Nothing of "
                             "it was used.")
-        known_image = np.isin(anns.image_id, images.image_id)
-        known_category = np.isin(anns.category_id, category_id)
         # images rejected for their own reasons (a repeated id, a slice value, a size) still
-        # have ids: their annotations are rejected as such, not as naming no image
+        # have ids: MatchDetection rejects their annotations as such, not as naming no image
         rejected_ids = np.array(sorted({im["id"] for im in lists["images"] if isinstance(im, dict)
                                         and isinstance(im.get("id"), int)
                                         and INT64[0] <= im["id"] <= INT64[1]}
                                        - set(images.image_id.tolist())), dtype=np.int64)
-        of_rejected = np.isin(anns.image_id, rejected_ids)
-        extra = [(int(p), "image_id names an image that was rejected (see its entry in \"images\")")
-                 for p in anns.position[of_rejected]]
-        extra += [(int(p), "image_id has no entry in \"images\"")
-                  for p in anns.position[~known_image & ~of_rejected]]
-        extra += [(int(p), "category_id has no entry in \"categories\"")
-                  for p in anns.position[known_image & ~known_category]]
-        anns = anns.take(np.flatnonzero(known_image & known_category))
         yield from self._rejects(name, path, bad_images, "image: ")
-        yield from self._rejects(name, path, sorted(bad + extra))
-        n_read = len(lists["annotations"]) + len(lists["images"])
-        n_bad = len(bad_images) + len(bad) + len(extra)
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_read))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), n_bad))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), n_read - n_bad))
+        n_images = len(lists["images"])
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_images))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad_images)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), n_images - len(bad_images)))
         yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, {"id": category_id.tolist(),
                                                         "name": category_name})
         image_parts = _split(image_shards(images.image_id, self.num_shards), self.num_shards)
+        rejected_parts = _split(image_shards(rejected_ids, self.num_shards), self.num_shards)
+        anns = yield from self._annotation_rows(name, path, lists["annotations"], segm)
         ann_parts = _split(image_shards(anns.image_id, self.num_shards), self.num_shards)
-        for shard in sorted(set(image_parts) | set(ann_parts)):
-            index = image_parts.get(shard, np.zeros(0, np.int64))
-            yield shard, (name, (_take_images(images, index),
-                                 anns.take(ann_parts.get(shard, np.zeros(0, np.int64)))))
+        empty = np.zeros(0, np.int64)
+        for shard in sorted(set(image_parts) | set(rejected_parts) | set(ann_parts)):
+            yield shard, (name, (_take_images(images, image_parts.get(shard, empty)),
+                                 anns.take(ann_parts.get(shard, empty)),
+                                 rejected_ids[rejected_parts.get(shard, empty)]))
+
+    def _annotations(self, name, path, annotations: list, segm: bool, first: int):
+        """Shard pieces of a piece of an instances file's annotations, whose first is the
+        array's element `first`."""
+        anns = yield from self._annotation_rows(name, path, annotations, segm, first)
+        images = _no_images(self.slice_keys)
+        no_ids = np.zeros(0, np.int64)
+        for shard, index in _split(image_shards(anns.image_id, self.num_shards),
+                                   self.num_shards).items():
+            yield shard, (name, (images, anns.take(index), no_ids))
+
+    def _annotation_rows(self, name, path, annotations: list, segm: bool, first: int = 0):
+        """Yields the rejects and counts of annotations whose first is the array's element
+        `first`; returns the valid ones (BoxRows, positions counted from the array's first)."""
+        anns, bad = box_rows(annotations, detections=False, need_segmentation=segm,
+                             max_pixels=self.max_pixels)
+        if first:
+            anns.position += first
+            bad = [(position + first, reason) for position, reason in bad]
+        yield from self._rejects(name, path, bad)
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(annotations)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
+        return anns
 
     def _results(self, name, path, obj, segm, area_from_bbox=None, first=0):
         """Shard pieces of results obj, a whole file's or a piece's whose first element is the
@@ -260,6 +309,12 @@ class ReadCocoFile(ProgressDoFn):
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
         for shard, index in _split(image_shards(dts.image_id, self.num_shards), self.num_shards).items():
             yield shard, (name, (area_from_bbox, dts.take(index)))
+
+
+def _no_images(slice_keys: list[str]) -> ImageRows:
+    empty = np.zeros(0, np.int64)
+    return ImageRows(empty, empty, empty, {key: [] for key in slice_keys}, empty,
+                     np.zeros(0, np.int32), [])
 
 
 def _areas_from_boxes(results: list) -> bool:
@@ -517,7 +572,8 @@ def _are_shapes(*lists) -> bool:
 
 class MatchDetection(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), DetectionState) per model and slice; rejects
-    detections whose image or category the ground truth does not have.
+    detections whose image or category the ground truth does not have, and annotations of an
+    instances file whose image or category it does not have (_coco_groundtruth).
 
     config.bootstrap (enabled): each CocoState also carries its replicate parts (shard_state).
     presence (with or without config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
@@ -576,6 +632,8 @@ class MatchDetection(ProgressDoFn):
             yield from outputs
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), n_dropped))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), images.image_id.size))
+        elif images is not None:
+            images, gts = yield from self._coco_groundtruth(gt_pieces, images, gts, category_id)
         groups = self._slice_groups(images) if images is not None else []
         hashes = image_hashes(images) if self.presence and images is not None else None
         if hashes is not None:
@@ -659,6 +717,37 @@ class MatchDetection(ProgressDoFn):
                     state = self.protocol.binned(state)
                 yield (model, slice_json), state
         self.progress.say("match", f"matched shard {shard}")
+
+    def _coco_groundtruth(self, pieces: list, images: ImageRows, gts: BoxRows,
+                          category_id: np.ndarray):
+        """Checks the annotations of an instances file that fall in this shard against the
+        shard's images and the categories: an annotation of an image rejected by the reader
+        (its id is in a piece's rejected ids), of no image, or of no category is rejected.
+        Yields the rejects and counts; returns (images, valid annotations in file order), or
+        (None, None) when the shard has no valid image."""
+        if len(pieces) > 1:
+            # pieces of a cut file arrive in any order; matching takes ground truths in file
+            # order (ties of IoU), so the file's order is restored
+            gts = gts.take(np.argsort(gts.position, kind="stable"))
+        known_image = np.isin(gts.image_id, images.image_id)
+        of_rejected = np.isin(gts.image_id, np.concatenate([p[2] for p in pieces]))
+        known_category = np.isin(gts.category_id, category_id)
+        bad = [(p, "image_id names an image that was rejected (see its entry in \"images\")")
+               for p in gts.position[of_rejected].tolist()]
+        bad += [(p, "image_id has no entry in \"images\"")
+                for p in gts.position[~known_image & ~of_rejected].tolist()]
+        bad += [(p, "category_id has no entry in \"categories\"")
+                for p in gts.position[known_image & ~known_category].tolist()]
+        path = self.files[GROUNDTRUTHS][0]
+        for position, reason in sorted(bad):
+            yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(GROUNDTRUTHS, path, position,
+                                                                reason, None, "row"))
+        ok = known_image & known_category
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", GROUNDTRUTHS), len(bad)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", GROUNDTRUTHS), int(ok.sum())))
+        if not images.image_id.size:
+            return None, None
+        return images, gts.take(np.flatnonzero(ok))
 
     def _crowded(self, gts: BoxRows, dts: BoxRows, category_id: np.ndarray) -> dict:
         """{image id: rejection reason} for the images where one model's predictions `dts` make
