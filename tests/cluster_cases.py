@@ -174,9 +174,10 @@ min = 0.8
 
 
 def check_coco_pieces(tmp_path, runner):
-    """A COCO results file cut into pieces (--input_split_bytes 2000: tens of them) that the
-    workers parse, with bad rows and tied scores on both sides of the cuts: the DirectRunner's
-    bytes of the file read whole."""
+    """COCO files cut into pieces (--input_split_bytes 2000: tens of them; a results file's array
+    and an instances file's annotations) that the workers parse, with bad rows, tied scores and
+    tied ground truths on both sides of the cuts: the DirectRunner's bytes of the files read
+    whole."""
     sys.path.insert(0, str(ROOT / "tests" / "detection"))
     from test_coco_pieces import write_case
 
