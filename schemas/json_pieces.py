@@ -160,11 +160,15 @@ def array_pieces(stream, piece_bytes: int, max_depth: int,
             if closing.size:
                 closes += closing.size
                 closed_at = offset + int(where[closing[-1]])
-            if level == 2:
-                quotes += (offset + where[(kept == ord('"')) & (running == 1)]).tolist()
             # arrays and objects opening or closing at `level` split the separators among them
             events = np.flatnonzero(((step == 1) & (running == level))
                                     | ((step == -1) & (running == level - 1)))
+            if level == 2:
+                quoted = offset + where[(kept == ord('"')) & (running == 1)]
+                # not the few members of a COCO file: read whole, before holding them all
+                if events.size > 2 * MAX_MEMBERS or len(quotes) + quoted.size > 2 * MAX_MEMBERS:
+                    return None
+                quotes += quoted.tolist()
             separator = np.flatnonzero((kept == ord(",")) & (inside == 0) & (running == level))
             done = 0
             for i in events.tolist() + [kept.size]:
@@ -180,8 +184,8 @@ def array_pieces(stream, piece_bytes: int, max_depth: int,
                     containers.append(_Container(at, kept[i] == ord("["), base + piece_bytes))
                 else:
                     containers[-1].closing = at
-            if len(containers) > MAX_MEMBERS or len(quotes) > 2 * MAX_MEMBERS:
-                return None                       # not the few members of a COCO file
+            if len(containers) > MAX_MEMBERS:
+                return None
             depth = int(running[-1])
         offset += len(block)
     # one array or object, closed by the last byte that is not whitespace
