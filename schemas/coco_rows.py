@@ -151,9 +151,9 @@ def document_depth(raw: bytes) -> int:
     deepest = depth = parity = 0
     for start in range(0, kept.size, _DEPTH_PIECE):
         piece = kept[start:start + _DEPTH_PIECE]
-        # inside a string: at or after an odd number of quotes (uint8 sums wrap, parity
-        # survives); a bracket there does not count, and a quote steps 0 by itself
-        inside = (np.cumsum(piece == ord('"'), dtype=np.uint8) + parity) & 1
+        # inside a string: at or after an odd number of quotes (a running xor); a bracket
+        # there does not count, and a quote steps 0 by itself
+        inside = np.bitwise_xor.accumulate((piece == ord('"')).view(np.uint8)) ^ parity
         parity = int(inside[-1])
         running = np.cumsum(BRACKET_STEP[piece] * (1 - inside).view(np.int8), dtype=np.int32)
         deepest = max(deepest, depth + int(running.max()))
