@@ -85,11 +85,14 @@ def compare(name: str, got: dict, skip: tuple = ()) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["classification", "detection_bbox", "segmentation", "text", "retrieval",
-                                  "classification_bootstrap", "text_bootstrap", "trec_eval"])
+                                  "classification_bootstrap", "text_bootstrap", "trec_eval",
+                                  "coco_bbox", "coco_segm"])
 def test_multi_process_runner_and_split_files_write_the_golden_bytes(tmp_path, name):
     """The same cases on two worker processes, every input file (JSONL, TREC) read in spans of
-    1,000 bytes (transforms/line_spans.py: tens of spans per file, lines cut at every place):
-    the same files, byte for byte, rejections' line numbers included. Only the shuffle's
+    1,000 bytes (transforms/line_spans.py: tens of spans per file, lines cut at every place),
+    and COCO files cut into pieces of about 1,000 bytes (a results file's array, an instances
+    file's annotations: schemas/json_pieces.py): the same files, byte for byte, rejections'
+    line numbers and positions included. Only the shuffle's
     element counts differ (each span sends its own pieces). Every piece is spilled to a file
     (EVALBEAM_SPILL_BYTES=0, transforms/grouping.py), written by one process, read by another."""
     if needs_reference(name) and not os.path.isdir(REFERENCE):
