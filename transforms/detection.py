@@ -166,15 +166,17 @@ class ReadCocoFile(ProgressDoFn):
         """The pieces of about split_bytes each of a results file's array, or of an instances
         file's "annotations" array and the rest of it; None: read it whole."""
         groundtruth = name == GROUNDTRUTHS
+        area_from_bbox = None
         with open_input(path) as stream:
             cut = array_pieces(stream, split_bytes, MAX_DOCUMENT_NESTING,
                                "annotations" if groundtruth else None)
             if cut is None:
                 return None
-            stream.seek(cut.head[0])
-            head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
-        # a first element that does not parse fails its piece, and the run, anyway
-        area_from_bbox = None if groundtruth else _areas_from_boxes(head or [])
+            if not groundtruth:
+                stream.seek(cut.head[0])
+                head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
+                # a first element that does not parse fails its piece, and the run, anyway
+                area_from_bbox = _areas_from_boxes(head or [])
         last = len(cut.pieces) - 1
         self.progress.say(path, f"cut {path} into {last + 1} pieces", force=True)
         rest = [(name, file_id, *cut.span, None, None, None)] if groundtruth else []
