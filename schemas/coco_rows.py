@@ -20,17 +20,16 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import re
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from evalbeam.schemas.coco import rle_problem
-from evalbeam.schemas.json_pieces import BRACKET_STEP, ESCAPE, piece_text
+from evalbeam.schemas.json_pieces import ESCAPE, depth_steps, piece_text
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
-from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, json_value, lone_surrogate,
-                                        slice_value_problem)
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, SURROGATE_ESCAPE, json_value,
+                                        lone_surrogate, slice_value_problem)
 from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
@@ -134,7 +133,6 @@ def _segmentation_problem(seg, max_pixels: int = MAX_IMAGE_PIXELS, values: bool 
 
 _KEEP = b'[]{}"'
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in _KEEP)
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def document_depth(raw: bytes) -> int:
@@ -150,12 +148,9 @@ def document_depth(raw: bytes) -> int:
     # (fresh memory), and int64 steps everywhere had taken 1.2 s.
     deepest = depth = parity = 0
     for start in range(0, kept.size, _DEPTH_PIECE):
-        piece = kept[start:start + _DEPTH_PIECE]
-        # inside a string: at or after an odd number of quotes (a running xor); a bracket
-        # there does not count, and a quote steps 0 by itself
-        inside = np.bitwise_xor.accumulate((piece == ord('"')).view(np.uint8)) ^ parity
+        inside, step = depth_steps(kept[start:start + _DEPTH_PIECE], parity)
         parity = int(inside[-1])
-        running = np.cumsum(BRACKET_STEP[piece] * (1 - inside).view(np.int8), dtype=np.int32)
+        running = np.cumsum(step, dtype=np.int32)
         deepest = max(deepest, depth + int(running.max()))
         depth += int(running[-1])
     return deepest
@@ -205,7 +200,7 @@ def coco_document(raw: bytes):
         return None, f"is not valid JSON ({error})"
     except ValueError as error:   # not UTF-8 text
         return None, f"is not valid JSON text ({error})"
-    if _SURROGATE_ESCAPE.search(raw):
+    if SURROGATE_ESCAPE.search(raw):
         where = lone_surrogate(value)
         if where is not None:
             return None, (f"holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
@@ -214,8 +209,8 @@ def coco_document(raw: bytes):
 
 
 def coco_piece(raw: bytes, first: bool, last: bool) -> list | None:
-    """The elements of one piece of a results file cut by schemas.json_pieces.array_pieces, in
-    order; None when the piece does not parse to a non-empty JSON array: the document is then
+    """The elements of one piece of an array cut by schemas.json_pieces.array_pieces (a results
+    file's, an instances file's annotations), in order; None when the piece does not parse to a non-empty JSON array: the document is then
     not valid JSON, or holds a lone surrogate, and parsing it whole (coco_document) names the
     reason. The cut has checked the depth (array_pieces' max_depth) and dropped no byte order
     mark but the first piece's."""
@@ -225,7 +220,7 @@ def coco_piece(raw: bytes, first: bool, last: bool) -> list | None:
         return None
     if not isinstance(value, list) or not value:
         return None
-    if _SURROGATE_ESCAPE.search(raw) and lone_surrogate(value) is not None:
+    if SURROGATE_ESCAPE.search(raw) and lone_surrogate(value) is not None:
         return None
     return value
 

@@ -145,11 +145,8 @@ def array_pieces(stream, piece_bytes: int, max_depth: int,
         where = np.flatnonzero(np.frombuffer(block.translate(_STRUCTURE), dtype=np.bool_))
         if where.size:
             kept = buf[where]
-            # inside a string: at or after an odd number of quotes (no backslash: every quote
-            # opens or closes one), a running xor
-            inside = np.bitwise_xor.accumulate((kept == ord('"')).view(np.uint8)) ^ parity
+            inside, step = depth_steps(kept, parity)
             parity = int(inside[-1])
-            step = BRACKET_STEP[kept] * (1 - inside).view(np.int8)
             running = depth + np.cumsum(step, dtype=np.int32)   # |sum| <= block size
             if running.min() < 0:
                 return None                       # a bracket that closes nothing
@@ -204,6 +201,16 @@ def array_pieces(stream, piece_bytes: int, max_depth: int,
     ends = [comma for comma, _ in array.cuts] + [span[1]]
     firsts = [0] + [element for _, element in array.cuts]
     return ArrayPieces(list(zip(starts, ends, firsts)), (array.opening + 1, array.head_end), span)
+
+
+def depth_steps(structure: np.ndarray, parity: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inside, step) of structure bytes uint8[n] (brackets, braces, quotes, maybe commas) with
+    no escape among them: inside uint8[n] is 1 at and after an opening quote up to its closing
+    one (a running xor of quotes, starting from parity, the inside flag before the first byte);
+    step int8[n] is +1 for "[" or "{" and -1 for "]" or "}" outside strings, else 0. A running
+    sum of step is the depth after each byte; inside[-1] is the parity to carry on."""
+    inside = np.bitwise_xor.accumulate((structure == ord('"')).view(np.uint8)) ^ parity
+    return inside, BRACKET_STEP[structure] * (1 - inside).view(np.int8)
 
 
 def _member_array(stream, containers: list[_Container], quotes: list[int],

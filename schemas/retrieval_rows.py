@@ -49,7 +49,6 @@ sorted, and confirmed by comparing the strings of the few rows whose hashes coll
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,8 +58,9 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
 from evalbeam.schemas.limits import MAX_UID_CHARS, uid_length_problem
-from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, MAX_ROW_BYTES, lone_surrogate,
-                                         loads_row, slice_value_problem, surrogate_reason)
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, MAX_ROW_BYTES, SURROGATE_ESCAPE,
+                                         lone_surrogate, loads_row, slice_value_problem,
+                                         surrogate_reason)
 from evalbeam.schemas.slices import canonical_json
 
 FORMATS = ("trec", "jsonl")
@@ -334,7 +334,6 @@ _WHITESPACE = np.frombuffer(b" \t\r\n\x0b\x0c", np.uint8)
 _JSON_VALUE = {"qrels": ("relevance", pa.int64()), "run": ("score", pa.float64())}
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
@@ -349,7 +348,7 @@ def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -
     block = memoryview(data)[start:end]
     # A surrogate escape may be a lone one, which Arrow would accept (the row must be rejected);
     # a backslash is rare in ids, so the pattern is looked for only when there is one.
-    if data.find(b"\\", start, end) >= 0 and _SURROGATE_ESCAPE.search(data, start, end):
+    if data.find(b"\\", start, end) >= 0 and SURROGATE_ESCAPE.search(data, start, end):
         return None
     buf = np.frombuffer(block, np.uint8)
     newlines = np.flatnonzero(buf == ord("\n"))

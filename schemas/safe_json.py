@@ -45,7 +45,7 @@ BOM_REASON = ("the line starts with a UTF-8 byte order mark (U+FEFF), which is d
               "the start of a file (were files that each had one joined together?)")
 _OPEN = (ord("{"), ord("["))
 _CLOSE = (ord("}"), ord("]"))
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -175,7 +175,7 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
         return None, f"JSON nested deeper than {limit} levels"
     except ValueError as error:
         return None, f"malformed JSON: {error}"
-    if _SURROGATE_ESCAPE.search(raw):
+    if SURROGATE_ESCAPE.search(raw):
         where = lone_surrogate(value)
         if where is not None:
             return None, surrogate_reason(where)

@@ -200,7 +200,8 @@ def open_span(path: str, start: int = 0, end: int | None = None):
 def line_splittable(path: str) -> bool:
     """Whether an input can be read in byte spans: uncompressed, and not Parquet (one
     structure, like a compressed stream). Line spans of JSONL and TREC files, and the pieces of
-    a COCO results array (transforms/detection.py), are read this way."""
+    a COCO results array or an instances file's annotations
+    (transforms/detection.py), are read this way."""
     return (format_of(path) != "parquet"
             and CompressionTypes.detect_compression_type(path) == CompressionTypes.UNCOMPRESSED)
 
@@ -527,7 +528,7 @@ class CutFiles(beam.DoFn):
     """(source name, file id) -> what `reader` is to read of the file: the element itself, or,
     for a file larger than split_bytes that reader.cuttable(name, path) allows, the pieces
     reader.cut(name, file id, path, split_bytes) returns (None: read it whole). Readers that
-    cut a file themselves, because only its content says where (a COCO results array:
+    cut a file themselves, because only its content says where (a COCO file's array:
     transforms/detection.py), plan here, in a worker, since only workers are sure to see the
     files; every parse happens after the Reshuffle that follows."""
 
