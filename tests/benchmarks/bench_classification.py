@@ -21,7 +21,10 @@ interleaved (evalbeam, valor-lite, evalbeam, ...). For each run:
 * wall time: from just before the process is started to just after it has exited, so it includes
   interpreter start-up, imports, reading and parsing the JSONL, computing, and writing the metrics;
 * peak RSS: `ru_maxrss` of that one child as reported by `os.wait4` (Linux: the largest RSS of the
-  child or any of its descendants, each process on its own);
+  child or any of its descendants, each process on its own). Linux carries a process's peak
+  across exec, and a child started by vfork and exec (as subprocess starts it) begins with this
+  script's own peak: a reading at or below it (`maxrss_floor_kb`, e.g. after generating the data
+  in this process) says nothing of the child, and a warning says so;
 * peak tree memory: the process tree (the child and all its descendants, e.g. Beam's SDK workers)
   is sampled every 0.25 s from /proc and its summed PSS (RSS where PSS is unreadable) is kept.
   With several workers this, not the single-process RSS, is the number to hold against a budget.
@@ -68,6 +71,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -197,6 +201,7 @@ def measure(cmd: list[str], log_prefix: str, interval: float = 0.25) -> dict:
         while not done.wait(interval):
             peak_tree_kb = max(peak_tree_kb, sum(_memory_kb(p) for p in _process_tree(pid)))
 
+    floor_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with open(log_prefix + ".stdout", "wb") as out, open(log_prefix + ".stderr", "wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err)
@@ -207,7 +212,11 @@ def measure(cmd: list[str], log_prefix: str, interval: float = 0.25) -> dict:
         done.set()
         sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, tell Popen
+    if usage.ru_maxrss <= floor_kb:
+        print(f"    peak RSS not measured: {usage.ru_maxrss // 1024} MB is this benchmark's own "
+              "peak, which the child inherits (the tree's sampled PSS stands)", file=sys.stderr)
     return {"wall_s": wall, "returncode": proc.returncode, "maxrss_kb": usage.ru_maxrss,
+            "maxrss_floor_kb": floor_kb,
             "peak_tree_kb": peak_tree_kb or usage.ru_maxrss,  # run shorter than one interval
             "stderr": log_prefix + ".stderr"}
 
