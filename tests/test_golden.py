@@ -94,11 +94,13 @@ def test_multi_process_runner_and_split_files_write_the_golden_bytes(tmp_path, n
     file's annotations: schemas/json_pieces.py): the same files, byte for byte, rejections'
     line numbers and positions included. Only the shuffle's
     element counts differ (each span sends its own pieces). Every piece is spilled to a file
-    (EVALBEAM_SPILL_BYTES=0, transforms/grouping.py), written by one process, read by another."""
+    (EVALBEAM_SPILL_BYTES=0, transforms/grouping.py), written by one process, read by another.
+    Detection's labels holding more than an eighth of a model's detections are merged and
+    accumulated in spans of IoU thresholds (EVALBEAM_SPLIT_DETECTIONS=0: at any size)."""
     if needs_reference(name) and not os.path.isdir(REFERENCE):
         pytest.skip(f"needs the shared reference cases at {REFERENCE} (absent in a fresh clone)")
     got = run_case(name, str(tmp_path), extra=(*MULTIPROCESS, "--input_split_bytes", "1000"),
-                   env={"EVALBEAM_SPILL_BYTES": "0"})
+                   env={"EVALBEAM_SPILL_BYTES": "0", "EVALBEAM_SPLIT_DETECTIONS": "0"})
     compare(name, got, skip=("shuffle_elements.json",))
     assert got["shuffle_elements.json"] != open(
         os.path.join(EXPECTED, name, "shuffle_elements.json"), encoding="utf-8").read(), \

@@ -14,6 +14,7 @@ Valor's metrics). Without --score_bins and --bootstrap the merge and the accumul
 from __future__ import annotations
 
 import json
+import os
 import typing
 
 import apache_beam as beam
@@ -40,8 +41,9 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, Progr
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, image_pair_counts,
-                                                   category_parts, category_records,
-                                                   category_result, pair_box_iou,
+                                                   SPLIT_MIN_DETECTIONS, category_parts,
+                                                   category_records, category_result,
+                                                   label_spans, pair_box_iou, span_part,
                                                    splits_by_category, state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
@@ -49,6 +51,7 @@ from evalbeam.transforms.merge import (STATE_KEY, combine_states, merged_records
                                       records_of)
 
 TAG_CATEGORIES = "categories"
+TAG_SIZES = "sizes"     # (model, {category id: detections}) of each piece read (DetectionSizes)
 TAG_PRESENCE = "presence"
 # what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
 INTERVAL_UNIT = "image"
@@ -309,6 +312,7 @@ class ReadCocoFile(ProgressDoFn):
         yield from self._rejects(name, path, bad)
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(obj)))
         yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
+        yield beam.pvalue.TaggedOutput(TAG_SIZES, (name, detection_sizes(dts.category_id)))
         for shard, index in _split(image_shards(dts.image_id, self.num_shards), self.num_shards).items():
             yield shard, (name, (area_from_bbox, dts.take(index)))
 
@@ -360,6 +364,8 @@ def native_pieces(name, rows, positions, rejected, path, file_id, slice_keys, nu
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
     yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
     yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, (name, labels_of(rows)))
+    if scored:
+        yield beam.pvalue.TaggedOutput(TAG_SIZES, (name, detection_sizes(boxes.category_id)))
     row_parts = _split(image_shards(first.image_id, num_shards), num_shards)
     box_parts = _split(image_shards(boxes.image_id, num_shards), num_shards)
     empty = np.zeros(0, np.int64)
@@ -408,6 +414,43 @@ class LabelUnion(beam.CombineFn):
 
     def extract_output(self, acc):
         return category_table(acc)
+
+
+def detection_sizes(category_id: np.ndarray) -> dict:
+    """{category id: its detections} of one piece's boxes."""
+    ids, counts = np.unique(category_id, return_counts=True)
+    return dict(zip(ids.tolist(), counts.tolist()))
+
+
+class DetectionSizes(beam.CombineFn):
+    """(model, {category id: detections}) of every piece -> {model: {category id: detections}}
+    over the whole input: what _by_category splits the largest labels by."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, model_sizes):
+        model, sizes = model_sizes
+        held = acc.setdefault(model, {})
+        for category, n in sizes.items():
+            held[category] = held.get(category, 0) + n
+        return acc
+
+    def merge_accumulators(self, accs):
+        total: dict = {}
+        for acc in accs:
+            for model, sizes in acc.items():
+                self.add_input(total, (model, sizes))
+        return total
+
+    def extract_output(self, acc):
+        return acc
+
+
+def split_detections() -> int:
+    """SPLIT_MIN_DETECTIONS, or EVALBEAM_SPLIT_DETECTIONS where the pipeline is built (the tests
+    set 0 to split small inputs' labels)."""
+    return int(os.environ.get("EVALBEAM_SPLIT_DETECTIONS", SPLIT_MIN_DETECTIONS))
 
 
 def image_hashes(images: ImageRows) -> np.ndarray:
@@ -866,7 +909,7 @@ class EvaluateDetectionFiles(beam.PTransform):
                   ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards,
                                self.quiet, self.started, max_pixels))
         read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
-                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES))
+                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, TAG_SIZES))
         if self.native:  # labels of ground truths and predictions alike
             categories = beam.pvalue.AsSingleton(
                 read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
@@ -877,16 +920,22 @@ class EvaluateDetectionFiles(beam.PTransform):
             categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
             problems = pbegin | "NoFindings" >> beam.Create([])
         metrics, rejected, stats, presence = _evaluate(
-            read, categories, self.config, self.models, self.slices,
+            read, categories, _sizes(read), self.config, self.models, self.slices,
             {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
             self.compare_to, self.presence, self.spill_dir)
         return Evaluated(metrics, rejected, stats, problems, presence=presence)
 
 
-def _evaluate(read, categories, config: DetectionConfig, models, slices, files, quiet, started,
-              compare_to=None, presence: bool = False, spill_dir: str | None = None):
+def _sizes(read):
+    """The side input of every model's detections per category (DetectionSizes)."""
+    return beam.pvalue.AsSingleton(read[TAG_SIZES] | "Sizes" >> beam.CombineGlobally(DetectionSizes()))
+
+
+def _evaluate(read, categories, sizes, config: DetectionConfig, models, slices, files, quiet,
+              started, compare_to=None, presence: bool = False, spill_dir: str | None = None):
     """The shared tail: match per shard (the pieces through grouping.group_by_shard, spilled
-    to spill_dir when given), merge the states per (model, slice), records. Returns
+    to spill_dir when given), merge the states per (model, slice) (per category, and for the
+    largest categories per span of IoU thresholds, by sizes: _records_by_category), records. Returns
     (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
     there is a compare_to model, or presence=True."""
     presence = bool(presence) or (config.bootstrap is not None and compare_to is not None)
@@ -897,7 +946,8 @@ def _evaluate(read, categories, config: DetectionConfig, models, slices, files, 
                .with_output_types(PARTIAL)
                .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
     if splits_by_category(config):
-        metrics, state_meters = _records_by_category(matched.partials, categories, config, spill_dir)
+        metrics, state_meters = _records_by_category(matched.partials, categories, sizes, config,
+                                                     spill_dir)
     else:
         metrics, state_meters = merged_records(matched.partials, state_records, categories, config,
                                                spill_dir=spill_dir)
@@ -907,26 +957,35 @@ def _evaluate(read, categories, config: DetectionConfig, models, slices, files, 
     return metrics, rejected, stats, (matched[TAG_PRESENCE] if presence else None)
 
 
-def _by_category(element):
-    """((model, slice JSON), state) -> (((model, slice JSON), label), the label's part) per
-    label of the state (kernels.detection.category_parts)."""
+def _by_category(element, categories: dict, sizes: dict, n_thresholds: int, min_detections: int):
+    """((model, slice JSON), state) -> (((model, slice JSON), label, t0, t1), the label's part)
+    per label of the state (kernels.detection.category_parts) and span of IoU thresholds
+    (label_spans of the model's detections of that label in the whole input, sizes; (0, T)
+    for the placeholder and WHOLE keys)."""
     key, state = element
+    counts = sizes.get(key[0], {})
+    total = sum(counts.values())
     for k, part in category_parts(state):
-        yield (key, k), part
+        spans = (label_spans(counts.get(categories["id"][k], 0), total, n_thresholds, min_detections)
+                 if k >= 0 else [(0, n_thresholds)])
+        for t0, t1 in spans:
+            yield (key, k, t0, t1), span_part(part, t0, t1, n_thresholds)
 
 
 def _category_result(element, config: DetectionConfig):
-    (key, k), state = element
-    return key, (k, category_result(k, state, config))
+    (key, k, t0, t1), state = element
+    return key, ((k, t0, t1), category_result(k, state, config, (t0, t1)))
 
 
-def _records_by_category(partials, categories, config: DetectionConfig, spill_dir):
+def _records_by_category(partials, categories, sizes, config: DetectionConfig, spill_dir):
     """merged_records for the states that split by category (kernels.detection
-    splits_by_category): the states merged per (model, slice, label) and accumulated there, on
-    as many keys as labels, then each (model, slice)'s label results gathered into its records.
-    Returns (records, meter stats); MergeStates counts the label parts."""
-    parts = partials | "ByCategory" >> beam.FlatMap(_by_category)
-    combined = combine_states(parts, spill_dir, key_type=typing.Tuple[STATE_KEY, int])
+    splits_by_category): the states merged per (model, slice, label, span of IoU thresholds)
+    and accumulated there, on as many keys as labels and the largest labels' spans, then each
+    (model, slice)'s results gathered into its records. Returns (records, meter stats);
+    MergeStates counts the label parts."""
+    parts = partials | "ByCategory" >> beam.FlatMap(
+        _by_category, categories, sizes, len(config.protocol.matching_thresholds), split_detections())
+    combined = combine_states(parts, spill_dir, key_type=typing.Tuple[STATE_KEY, int, int, int])
     records = (combined
                | "CategoryResults" >> beam.Map(_category_result, config)
                | "GatherCategories" >> beam.GroupByKey()
@@ -962,14 +1021,15 @@ class EvaluateDetection(EvaluateRows):
 
     def expand(self, pcolls):
         reader = DetectionRowsFromDicts(self.slice_keys, self.num_shards, self.iou_type)
-        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES),
+        models, read = read_pcollections(pcolls, self.batch_size, reader,
+                                         (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, TAG_SIZES),
                                          "EvaluateDetection")
         categories = beam.pvalue.AsSingleton(
             read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
         config = DetectionConfig(self.iou_type, self.protocol, native=True,
                                  bootstrap=self.bootstrap if self.bootstrap.enabled else None,
                                  max_image_pairs=self.max_image_pairs)
-        metrics, rejected, stats, presence = _evaluate(read, categories, config, models, self.slices,
-                                                       {}, True, 0.0, self.compare_to)
+        metrics, rejected, stats, presence = _evaluate(read, categories, _sizes(read), config, models,
+                                                       self.slices, {}, True, 0.0, self.compare_to)
         metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
         return (metrics, rejected, self.row_counters(stats)) if self.with_diagnostics else metrics

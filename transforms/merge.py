@@ -70,10 +70,14 @@ class _MergeInBundle(beam.DoFn):
 
     def start_bundle(self):
         self.states: dict = {}
+        self.pending: dict = {}
 
     def process(self, element):
         key, state = element
         if state is None:
+            return
+        if hasattr(type(state), "merge_all"):
+            self.pending.setdefault(key, []).append(state)
             return
         held = self.states.get(key)
         # the first state is copied: a DoFn must not change its input
@@ -81,17 +85,30 @@ class _MergeInBundle(beam.DoFn):
 
     def finish_bundle(self):
         states, self.states = self.states, {}
+        pending, self.pending = self.pending, {}
+        for key, parts in pending.items():
+            states[key] = merge_states(parts, owned=False)
         for key in sorted(states):
             yield in_global_window(pack((key, states[key]), self.spill_dir, self.spill_bytes))
 
 
-def _merged(element):
-    """(key, packed states) -> (key, their sum, compacted); the unpickled states are this
-    step's own, so the first takes the others in place."""
-    key, states = unpack(element)
-    total = states[0]
+def merge_states(states: list, owned: bool):
+    """The sum of kernel states (merge, copy). A class with merge_all (states that keep rows,
+    detection's: pairwise, each merge copies the rows held so far) sums them at once, leaving
+    them unchanged; else they are merged pairwise, into the first when owned (the caller's
+    own, unpickled states), into a copy of it otherwise (a DoFn must not change its input)."""
+    if hasattr(type(states[0]), "merge_all"):
+        return type(states[0]).merge_all(states)
+    total = states[0] if owned else states[0].copy()
     for state in states[1:]:
         total = total.merge(state)
+    return total
+
+
+def _merged(element):
+    """(key, packed states) -> (key, their sum, compacted)."""
+    key, states = unpack(element)
+    total = merge_states(states, owned=True)
     # a state may keep more than its records need until merged (compact() drops it)
     return key, total.compact() if hasattr(total, "compact") else total
 

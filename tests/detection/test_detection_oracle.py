@@ -37,7 +37,8 @@ from evalbeam.transforms.kernels.detection import (COCO as COCO_PROTOCOL, VALOR 
                                                    SUMMARY_NAMES, CocoState,
                                                    DetectionConfig, DetectionState, accumulate,
                                                    category_parts, category_records,
-                                                   category_result, state_records, summarize)
+                                                   category_result, label_spans, span_part,
+                                                   state_records, summarize)
 
 SEEDS = list(range(9))
 SPLITS = ["day", "night", "dusk"]
@@ -486,11 +487,59 @@ def assert_same_records(got: list, expected: list, case) -> None:
 
 @pytest.mark.parametrize("iou_type", ["bbox", "segm"])
 @pytest.mark.parametrize("seed", SEEDS[:4])
+def _random_spans(rng, T: int) -> list[tuple[int, int]]:
+    """A random tiling of 0 .. T into 1 .. T spans."""
+    cuts = sorted(rng.choice(np.arange(1, T), size=int(rng.integers(0, T)), replace=False).tolist())
+    bounds = [0] + cuts + [T]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _merged_by_key(rng, shard_states, T: int, split: bool) -> dict:
+    """The pipeline's per-category merge, in process: every shard's category_parts, each label
+    cut into the same random spans of IoU thresholds on every shard (span_part) when split,
+    the parts of a (label, span) merged in any order -> {(k, t0, t1): merged part}."""
+    spans: dict = {}
+    merged: dict = {}
+    for state in shard_states:
+        for label, part in category_parts(state):
+            if label not in spans:
+                spans[label] = _random_spans(rng, T) if split and label >= 0 else [(0, T)]
+            for t0, t1 in spans[label]:
+                piece = span_part(part, t0, t1, T)
+                held = merged.get((label, t0, t1))
+                merged[(label, t0, t1)] = piece.copy() if held is None else held.merge(piece)
+    return merged
+
+
+def _records_of_keys(rng, merged: dict, categories, config) -> list:
+    keys = list(merged)
+    rng.shuffle(keys)
+    return list(category_records([(key, category_result(key[0], merged[key], config, key[1:]))
+                                  for key in keys], categories, config))
+
+
+def test_label_spans_split_the_largest_labels_evenly():
+    """label_spans: one span below the minimum or at a small share; ceil(4 x share) spans of
+    near-equal sizes tiling 0 .. T; never more spans than thresholds."""
+    assert label_spans(99_999, 100_000, 10) == [(0, 10)]
+    assert label_spans(10, 1_000_000, 10, min_detections=0) == [(0, 10)]
+    assert label_spans(300_000, 1_000_000, 10) == [(0, 5), (5, 10)]             # 30%: 2 spans
+    assert label_spans(250_000, 1_000_000, 10) == [(0, 10)]                      # 1/4 exactly
+    assert label_spans(500_001, 1_000_000, 10) == [(0, 3), (3, 6), (6, 10)]
+    assert label_spans(1_000_000, 1_000_000, 10) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert label_spans(1_000_000, 1_000_000, 2) == [(0, 1), (1, 2)]
+    assert label_spans(5, 0, 10, min_detections=0) == [(0, 10)]
+
+
+@pytest.mark.parametrize("iou_type", ["bbox", "segm"])
+@pytest.mark.parametrize("seed", SEEDS[:4])
 def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_type):
     """The pipeline merges and accumulates the coco protocol's states per category (category_parts
     on every shard's state, the parts of a label merged in any order, category_result, then
     category_records): the records equal state_records of the whole merged state, value for
-    value, with categories lacking ground truth or detections and shards lacking some labels."""
+    value, with categories lacking ground truth or detections and shards lacking some labels;
+    and so with each label cut into random spans of IoU thresholds (span_part), accumulated
+    apart."""
     dataset, results = cases(seed, iou_type)
     area_from_bbox = first_has_bbox(results)
     categories = {"id": sorted(c["id"] for c in dataset["categories"])}
@@ -502,18 +551,14 @@ def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_typ
     image_ids = [im["id"] for im in dataset["images"]]
     for n_groups in (1, 3, len(image_ids)):
         group = rng.permutation(np.arange(len(image_ids)) % n_groups)
-        by_label: dict = {}
-        for k in rng.permutation(n_groups):
-            state = DetectionState(product_state(dataset, results, iou_type, area_from_bbox,
-                                                 [i for i, g in zip(image_ids, group) if g == k]))
-            for label, part in category_parts(state):
-                held = by_label.get(label)
-                by_label[label] = part if held is None else held.merge(part)
-        labels = list(by_label)
-        rng.shuffle(labels)
-        got = list(category_records([(k, category_result(k, by_label[k], config)) for k in labels],
-                                    categories, config))
-        assert_same_records(got, whole, (seed, iou_type, n_groups))
+        states = [DetectionState(product_state(dataset, results, iou_type, area_from_bbox,
+                                               [i for i, g in zip(image_ids, group) if g == k]))
+                  for k in rng.permutation(n_groups)]
+        for split in (False, True):
+            merged = _merged_by_key(rng, states, 10, split)
+            assert split or all(key[1:] == (0, 10) for key in merged)
+            got = _records_of_keys(rng, merged, categories, config)
+            assert_same_records(got, whole, (seed, iou_type, n_groups, split))
 
 
 @pytest.mark.parametrize("seed", SEEDS[:4])
@@ -540,16 +585,14 @@ def test_per_category_merge_gives_the_whole_state_s_records_under_valor(cases, s
     whole = list(state_records(state_of(image_ids), categories, config))
     assert any(r["type"] == "ConfusionMatrix" for r in whole)
     rng = np.random.default_rng(seed + 9)
+    T = len(VALOR_PROTOCOL.matching_thresholds)
     for n_groups in (1, 4):
         group = rng.permutation(np.arange(len(image_ids)) % n_groups)
-        by_label: dict = {}
-        for k in rng.permutation(n_groups):
-            for label, part in category_parts(state_of([i for i, g in zip(image_ids, group) if g == k])):
-                held = by_label.get(label)
-                by_label[label] = part if held is None else held.merge(part)
-        got = list(category_records([(k, category_result(k, part, config))
-                                     for k, part in by_label.items()], categories, config))
-        assert_same_records(got, whole, (seed, n_groups))
+        states = [state_of([i for i, g in zip(image_ids, group) if g == k])
+                  for k in rng.permutation(n_groups)]
+        for split in (False, True):
+            got = _records_of_keys(rng, _merged_by_key(rng, states, T, split), categories, config)
+            assert_same_records(got, whole, (seed, n_groups, split))
 
 
 def test_per_category_parts_of_an_empty_state_keep_the_key():
@@ -558,7 +601,7 @@ def test_per_category_parts_of_an_empty_state_keep_the_key():
     assert [k for k, _ in category_parts(empty)] == [-1]
     categories = {"id": [1, 2, 3], "name": ["a", "b", "c"]}
     config = DetectionConfig("bbox", COCO_PROTOCOL)
-    got = list(category_records([(-1, category_result(-1, empty, config))], categories, config))
+    got = list(category_records([((-1, 0, 10), category_result(-1, empty, config))], categories, config))
     assert json.dumps(got) == json.dumps(list(state_records(empty, categories, config)))
     assert got[0]["value"]["AP"] == -1.0
 
@@ -785,13 +828,22 @@ def test_cli_bbox_seven_shards_byte_identical(cli_bbox):
 
 
 @pytest.mark.multiprocess
-def test_cli_bbox_multiprocess_byte_identical(cli_bbox):
+def test_cli_bbox_multiprocess_byte_identical(cli_bbox, monkeypatch):
+    """Two worker processes, three shards, and every label holding more than an eighth of a
+    model's detections accumulated in spans of IoU thresholds (EVALBEAM_SPLIT_DETECTIONS=0:
+    at any size): the bytes of one shard in one process, whose numbers are pycocotools'."""
     one, multi = cli_bbox["root"] / "one", cli_bbox["root"] / "multi"
     if not (one / "metrics.jsonl").exists():
         _cli(cli_bbox["args"] + ["--output", one, "--num_shards", "1"])
+    whole = cli_bbox["root"] / "three"
+    _cli(cli_bbox["args"] + ["--output", whole, "--num_shards", "3"])
+    monkeypatch.setenv("EVALBEAM_SPLIT_DETECTIONS", "0")
     _cli(cli_bbox["args"] + ["--output", multi, "--num_shards", "3", *MULTIPROCESS])
     data = (multi / "metrics.jsonl").read_bytes()
     assert data and data == (one / "metrics.jsonl").read_bytes()
+    merged = [json.loads((out / "run.json").read_text())["shuffles"]["MergeStates"]["elements"]
+              for out in (whole, multi)]
+    assert merged[1] > merged[0], f"no label was split: {merged}"
 
 
 def test_cli_segm_matches_pycocotools(tmp_path):
@@ -812,3 +864,95 @@ def test_cli_segm_matches_pycocotools(tmp_path):
                        sliced=False)
     # the two area rules do give different numbers here
     assert oracle(dataset, models["boxed"], "segm")["stats"] != oracle(dataset, models["mixed"], "segm")["stats"]
+
+
+def test_label_spans_that_do_not_tile_the_thresholds_are_refused():
+    """category_records refuses a label whose spans leave a gap or overlap (a pipeline error)."""
+    empty = DetectionState(CocoState(1, np.zeros((1, 4), np.int64)))
+    config = DetectionConfig("bbox", COCO_PROTOCOL)
+    categories = {"id": [1], "name": ["a"]}
+    for spans in ([(0, 3), (4, 10)], [(0, 5), (4, 10)], [(0, 9)], [(1, 10)]):
+        results = [((0, t0, t1), category_result(0, span_part(empty, t0, t1, 10), config, (t0, t1)))
+                   for t0, t1 in spans]
+        with pytest.raises(ValueError, match="do not tile"):
+            list(category_records(results, categories, config))
+
+
+def _same_state(a, b) -> bool:
+    """Every array and number of two CocoStates (or DetectionStates) equal, dtypes included."""
+    if isinstance(a, DetectionState):
+        return (_same_state(a.matches, b.matches)
+                and all(_same_state(getattr(a, n), getattr(b, n)) for n in ("detailed", "confusion")))
+    if a is None or b is None:
+        return a is None and b is None
+    for name, value in vars(a).items():
+        other = vars(b)[name]
+        if isinstance(value, np.ndarray):
+            if value.dtype != other.dtype or not np.array_equal(value, other):
+                return False
+        elif hasattr(value, "__dict__") and not isinstance(value, (int, float)):
+            if not _same_state(value, other):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+def _concatenated(states: list) -> CocoState:
+    """The definition of merging CocoStates, written out: rows concatenated, counts added."""
+    rows = ("category", "score", "image_key", "rank", "tp", "fp")
+    merged = CocoState(states[0].n_categories, np.sum([s.n_gt for s in states], axis=0),
+                       *(np.concatenate([getattr(s, name) for s in states]) for name in rows))
+    if states[0].image_hash is not None:
+        merged.image_hash = np.concatenate([s.image_hash for s in states])
+        merged.n_gt_replicates = np.sum([s.n_gt_replicates for s in states], axis=0)
+    return merged
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_merge_all_is_the_pairwise_merge(cases, seed):
+    """merge_all (what the pipeline's merge steps use: each row column concatenated once)
+    gives the state pairwise merges give, changes none of its inputs, and refuses what merge
+    refuses; for the coco and valor protocols' states, and CocoStates with bootstrap parts."""
+    from evalbeam.transforms.merge import merge_states
+
+    dataset, results = cases(seed, "bbox")
+    category_id = np.array(sorted(c["id"] for c in dataset["categories"]), dtype=np.int64)
+    image_ids = [im["id"] for im in dataset["images"]]
+    rng = np.random.default_rng(seed)
+    group = rng.permutation(np.arange(len(image_ids)) % 5)
+    for protocol in (COCO_PROTOCOL, VALOR_PROTOCOL):
+        states = []
+        for g in range(5):
+            chosen = {i for i, k in zip(image_ids, group) if k == g}
+            images, _ = image_rows([im for im in dataset["images"] if im["id"] in chosen], [])
+            gts, _ = box_rows([a for a in dataset["annotations"] if a["image_id"] in chosen],
+                              detections=False, need_segmentation=False)
+            dts, _ = box_rows([d for d in results if d["image_id"] in chosen], detections=True,
+                              need_segmentation=False)
+            state = shard_state(images, gts, dts, category_id, "bbox", True, protocol)
+            states.append(DetectionState(*state) if isinstance(state, tuple) else DetectionState(state))
+        before = [s.copy() for s in states]
+        pairwise = states[0].copy()
+        for other in states[1:]:
+            pairwise = pairwise.merge(other)
+        assert _same_state(pairwise.matches, _concatenated([s.matches for s in states]))
+        assert _same_state(DetectionState.merge_all(states), pairwise)
+        assert _same_state(merge_states(states, owned=False), pairwise)
+        assert all(_same_state(s, b) for s, b in zip(states, before)), "an input was changed"
+        assert (protocol is VALOR_PROTOCOL) == (pairwise.detailed is not None)
+    n = [3, 0, 5]
+    parts = [CocoState(2, np.full((2, 4), i, np.int64), np.zeros(k, np.int32), rng.random(k),
+                       np.arange(k, dtype=np.int64), np.zeros(k, np.int32), np.ones((k, 4), np.uint16),
+                       np.zeros((k, 4), np.uint16), rng.integers(0, 2**63, k).astype(np.uint64),
+                       np.full((7, 2, 4), i, np.int64)) for i, k in enumerate(n)]
+    pairwise = parts[0].copy()
+    for other in parts[1:]:
+        pairwise = pairwise.merge(other)
+    assert _same_state(CocoState.merge_all(parts), _concatenated(parts))
+    assert _same_state(pairwise, _concatenated(parts))
+    assert CocoState.merge_all(parts).n_gt_replicates[0, 0, 0] == 0 + 1 + 2
+    with pytest.raises(ValueError, match="bootstrapped"):
+        CocoState.merge_all([parts[0], CocoState(2, np.zeros((2, 4), np.int64))])
+    with pytest.raises(ValueError, match="category lists"):
+        CocoState.merge_all([parts[0], CocoState(3, np.zeros((3, 4), np.int64))])
