@@ -5,7 +5,7 @@ README's table's (tests/benchmarks/README.md, 2026-11-27); detection from COCO f
 pieces) and from native rows (the same images as JSONL read in spans).
 
     pip install -e ".[test,bench]"
-    python tests/benchmarks/bench_workers.py                     # every task, 3 repeats, ~45 min
+    python tests/benchmarks/bench_workers.py                     # every task, 3 repeats, ~50 min
     python tests/benchmarks/bench_workers.py --tasks retrieval --repeats 1
     python tests/benchmarks/bench_workers.py --tasks classification --sizes classification=1000000
     python tests/benchmarks/bench_workers.py --tasks ""                  # the machine's ceiling only
@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 from bench_classification import machine_info  # noqa: E402
 from scaling_study import run_one, task_command  # noqa: E402
 
-SIZES = {"classification": 3_000_000, "detection": 50_000, "detection_native": 150_000,
+SIZES = {"classification": 3_000_000, "detection": 150_000, "detection_native": 150_000,
          "segmentation": 10_000, "text": 300_000, "retrieval": 600_000}
 
 
