@@ -818,3 +818,25 @@ def test_evaluate_detection_ptransform_bounds_pairs():
                                "607 per image and model")]
 
         assert_that(rejected, one_reject)
+
+
+def test_junk_category_ids_keep_the_sizes_side_input_small():
+    """A results piece of 200,000 detections with as many distinct category ids reports only its
+    16 largest categories to the side input that decides which categories are split (they are
+    rejected as unknown later); the largest come first, ties by the smaller id; merging pieces
+    adds their counts per model."""
+    from evalbeam.transforms.detection import SIZED_CATEGORIES, DetectionSizes, detection_sizes
+
+    ids = np.r_[np.arange(200_000), np.full(50, 7), np.full(30, 3), np.full(30, 99_999)]
+    sizes = detection_sizes(np.random.default_rng(0).permutation(ids).astype(np.int64))
+    assert len(sizes) == SIZED_CATEGORIES == 16
+    assert list(sizes.items())[:3] == [(7, 51), (3, 31), (99_999, 31)]
+    assert all(n == 1 for n in list(sizes.values())[3:])
+    assert list(sizes)[3:] == [0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14]
+    combine = DetectionSizes()
+    acc = combine.add_input(combine.create_accumulator(), ("m", {1: 5, 2: 1}))
+    other = combine.add_input(combine.create_accumulator(), ("m", {1: 2}))
+    other = combine.add_input(other, ("n", {1: 4}))
+    assert combine.extract_output(combine.merge_accumulators([acc, other])) == {
+        "m": {1: 7, 2: 1}, "n": {1: 4}}
+    assert detection_sizes(np.zeros(0, np.int64)) == {}
