@@ -192,7 +192,8 @@ def _memory_kb(pid: int) -> int:
 
 
 def measure(cmd: list[str], log_prefix: str, interval: float = 0.25) -> dict:
-    """Run cmd to completion; return its wall time, returncode and peak memory (KB)."""
+    """Run cmd to completion; return its wall time, returncode, peak memory (KB) and CPU seconds
+    (user + system of cmd and of the processes it waited for: a DirectRunner's workers)."""
     peak_tree_kb = 0
     done = threading.Event()
 
@@ -215,7 +216,8 @@ def measure(cmd: list[str], log_prefix: str, interval: float = 0.25) -> dict:
     if usage.ru_maxrss <= floor_kb:
         print(f"    peak RSS not measured: {usage.ru_maxrss // 1024} MB is this benchmark's own "
               "peak, which the child inherits (the tree's sampled PSS stands)", file=sys.stderr)
-    return {"wall_s": wall, "returncode": proc.returncode, "maxrss_kb": usage.ru_maxrss,
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "returncode": proc.returncode, "maxrss_kb": usage.ru_maxrss,
             "maxrss_floor_kb": floor_kb,
             "peak_tree_kb": peak_tree_kb or usage.ru_maxrss,  # run shorter than one interval
             "stderr": log_prefix + ".stderr"}
