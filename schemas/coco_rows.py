@@ -210,10 +210,10 @@ def coco_document(raw: bytes):
 
 def coco_piece(raw: bytes, first: bool, last: bool) -> list | None:
     """The elements of one piece of an array cut by schemas.json_pieces.array_pieces (a results
-    file's, an instances file's annotations), in order; None when the piece does not parse to a non-empty JSON array: the document is then
-    not valid JSON, or holds a lone surrogate, and parsing it whole (coco_document) names the
-    reason. The cut has checked the depth (array_pieces' max_depth) and dropped no byte order
-    mark but the first piece's."""
+    file's, an instances file's annotations), in order; None when the piece does not parse to a
+    non-empty JSON array: the document is then not valid JSON, or holds a lone surrogate, and
+    parsing it whole (coco_document) names the reason. The cut has checked the depth
+    (array_pieces' max_depth) and dropped no byte order mark but the first piece's."""
     try:
         value = _parse(piece_text(raw, first, last))
     except (ValueError, RecursionError):    # JSONDecodeError and UnicodeDecodeError too

@@ -334,8 +334,6 @@ _WHITESPACE = np.frombuffer(b" \t\r\n\x0b\x0c", np.uint8)
 _JSON_VALUE = {"qrels": ("relevance", pa.int64()), "run": ("score", pa.float64())}
 
 
-
-
 def _jsonl_fast(data: bytes, start: int, end: int, first_line: int, kind: str) -> _Block | None:
     """Arrow's JSON reader on data[start:end] (whole lines), or None when that could differ from
     the line-by-line reader (_jsonl_slow)."""

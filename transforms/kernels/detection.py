@@ -1252,16 +1252,14 @@ class DetectionState:
         (CocoState.merge_all), the bounded parts (binned states, DetailedState,
         ConfusionState) merged pairwise into a copy of the first's."""
         first = states[0]
-        if len(states) == 1:
-            return first.copy()
-        if isinstance(first.matches, CocoState):
-            merged = DetectionState(CocoState.merge_all([s.matches for s in states]),
-                                    None if first.detailed is None else first.detailed.copy(),
-                                    None if first.confusion is None else first.confusion.copy())
-        else:
+        if len(states) == 1 or not isinstance(first.matches, CocoState):
             merged = first.copy()
             for other in states[1:]:
-                merged.matches = merged.matches.merge(other.matches)
+                merged = merged.merge(other)
+            return merged
+        merged = DetectionState(CocoState.merge_all([s.matches for s in states]),
+                                None if first.detailed is None else first.detailed.copy(),
+                                None if first.confusion is None else first.confusion.copy())
         for other in states[1:]:
             if merged.detailed is not None:
                 merged.detailed = merged.detailed.merge(other.detailed)
