@@ -106,6 +106,11 @@ def _own_temp(folder: str, name: str, recorded: str | None) -> bool:
         mark.get("temp") == name
 
 
+def _objects_matching(pattern: str) -> list[str]:
+    """The paths of the objects (files) that match a glob pattern ("**" crosses "/")."""
+    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+
+
 def _exists(path: str) -> bool:
     if is_local(path):
         return os.path.lexists(path)
@@ -271,14 +276,14 @@ class OutputFolder:
                     if n != mine and _own_temp(self.folder, n, self.recorded_temp)]
         # an object store: a folder is the objects under its prefix
         try:
-            found = FileSystems.match([join(self.folder, TEMP_PREFIX + "*/**")])[0].metadata_list
+            found = _objects_matching(join(self.folder, TEMP_PREFIX + "*/**"))
         except Exception:
             return []
         prefix = self.folder.rstrip("/") + "/"
         by_folder: dict[str, list[str]] = {}
-        for m in found:
-            if m.path.startswith(prefix) and "/" in m.path[len(prefix):]:
-                by_folder.setdefault(m.path[len(prefix):].split("/", 1)[0], []).append(m.path)
+        for path in found:
+            if path.startswith(prefix) and "/" in path[len(prefix):]:
+                by_folder.setdefault(path[len(prefix):].split("/", 1)[0], []).append(path)
         return sorted(p for n, paths in by_folder.items()
                       if n != mine and _own_temp(self.folder, n, self.recorded_temp) for p in paths)
 
@@ -324,9 +329,17 @@ class OutputFolder:
         return read_json(self.temp(name))
 
     def cleanup(self) -> None:
+        """Remove this run's temporary folder. On an object store that is every object under its
+        prefix: no object bears the folder's own name, so asking GCS, S3 or Azure whether it
+        exists says no, and deleting that name deletes nothing."""
         try:
-            if FileSystems.exists(self.tmp):
-                FileSystems.delete([self.tmp])
+            if is_local(self.tmp):
+                if os.path.lexists(self.tmp):
+                    FileSystems.delete([self.tmp])
+                return
+            found = _objects_matching(join(self.tmp, "**"))
+            if found:
+                FileSystems.delete(found)
         except Exception:  # a leftover is hidden, and the next run removes it
             pass
 
