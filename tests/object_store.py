@@ -34,7 +34,11 @@ def use(root) -> None:
 def objects(uri_prefix: str = PREFIX) -> dict:
     """{uri: bytes} of every object whose name starts with uri_prefix."""
     store = FakeObjectStore(None)
-    return {m.path: open(store._local(m.path), "rb").read() for m in store._list(uri_prefix)}
+    found = {}
+    for m in store._list(uri_prefix):
+        with open(store._local(m.path), "rb") as f:
+            found[m.path] = f.read()
+    return found
 
 
 class FakeObjectStore(FileSystem):
