@@ -33,11 +33,56 @@ def _join(folder: str, name: str) -> str:
     return FileSystems.join(folder, name)
 
 
+def record_problem(record) -> str | None:
+    """Why a parsed metrics.jsonl line is not a metric record evalbeam wrote, or None: it must be
+    an object with a string "type", and "parameters" and "slice" objects and "model" a string
+    (or null) where present; the comparison, the gates and the report read no other fields
+    without checking them."""
+    if not isinstance(record, dict):
+        return f"it is a JSON {type(record).__name__}, not an object"
+    if not isinstance(record.get("type"), str):
+        return 'it has no string "type"'
+    for field in ("parameters", "slice"):
+        if field in record and not isinstance(record[field], dict):
+            return f'its "{field}" is not an object'
+    if record.get("model") is not None and not isinstance(record["model"], str):
+        return 'its "model" is not a string'
+    return None
+
+
+def _not_finite(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    """evalbeam writes strict JSON (no NaN or Infinity, which its comparison and reports could
+    not write back), so a number out of float range is refused as those are."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def read_records(path: str) -> list[dict]:
+    """The metric records of a metrics.jsonl. Raises ValueError naming the file and line of the
+    first line that is not JSON or not a record (record_problem): a file edited, cut short or
+    replaced since evalbeam wrote it."""
     from apache_beam.io.filesystems import FileSystems
 
+    records = []
     with FileSystems.open(path) as stream:
-        return [json.loads(line) for line in stream if line.strip()]
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line, parse_constant=_not_finite, parse_float=_finite)
+            except ValueError as error:
+                raise ValueError(f"{path} line {number} is not JSON ({error})") from None
+            problem = record_problem(record)
+            if problem:
+                raise ValueError(f"{path} line {number} is not a metric record: {problem}")
+            records.append(record)
+    return records
 
 
 def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
@@ -72,10 +117,34 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
         raise UsageError(f"{option} {folder} is a run of {info.get('task')!r}, not of {task!r}")
     from apache_beam.io.filesystems import FileSystems
 
-    if not FileSystems.exists(_join(folder, "metrics.jsonl")):
+    metrics = _join(folder, "metrics.jsonl")
+    if not FileSystems.exists(metrics):
         raise UsageError(f"{option} {folder}: its run.json says {info['status']!r} but its "
                          "metrics.jsonl is missing")
+    # read now, not when the run ends: a baseline that cannot be compared stops the run before
+    # any work instead of costing the night's run its comparison and gates
+    try:
+        read_records(metrics)
+    except Exception as error:
+        raise UsageError(f"{option} {folder}: its metrics.jsonl cannot be used ({error})"
+                         f"{_changed_since(info, metrics)}. Give an output folder of an earlier "
+                         "run as evalbeam left it.") from None
     return info
+
+
+def _changed_since(info: dict, path: str) -> str:
+    """", which changed since evalbeam wrote it (...)" when the file's size is not the one
+    run.json records, else ""."""
+    from apache_beam.io.filesystems import FileSystems
+
+    recorded = (info.get("files") or {}).get("metrics.jsonl")
+    try:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except Exception:
+        return ""
+    if not isinstance(recorded, int) or recorded == size:
+        return ""
+    return f"; it changed since evalbeam wrote it: run.json records {recorded:,} bytes, it has {size:,}"
 
 
 def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = None,

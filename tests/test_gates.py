@@ -455,10 +455,13 @@ def test_a_baseline_broken_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     broken = tmp_path / "broken"
     shutil.copytree(baseline, broken)
     real = comparing.read_records
+    reads = []
 
     def read(path):
         if str(broken) in str(path):
-            raise ValueError("truncated line")
+            reads.append(path)
+            if len(reads) > 1:          # the first read is the check before the run
+                raise ValueError("truncated line")
         return real(path)
 
     monkeypatch.setattr(comparing, "read_records", read)
@@ -473,6 +476,68 @@ def test_a_baseline_broken_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     assert {c["verdict"] for c in checks} == {"missing_baseline"}
     (broken / "metrics.jsonl").unlink()
     assert run_classification(classification_args(tmp_path / "out2", extra=["--baseline", broken])) == 2
+
+
+HOSTILE_LINES = {
+    "[1, 2]": "it is a JSON list, not an object",
+    '{"value": 0.5}': 'it has no string "type"',
+    '{"type": "Accuracy", "value": 0.5, "model": "model_a", "slice": ["region"]}': '"slice" is not an object',
+    '{"type": "Accuracy", "value": 0.5, "model": 7, "slice": {}}': '"model" is not a string',
+    '{"type": "Accuracy", "value": NaN, "model": "model_a", "slice": {}}': "NaN is not a JSON number",
+    '{"type": "Accuracy", "value": 1e999, "model": "model_a", "slice": {}}': "1e999 is out of range",
+    '{"type": "Accuracy", "value": 0.5': "is not JSON",
+}
+
+
+@pytest.mark.parametrize("line", list(HOSTILE_LINES))
+def test_a_hand_edited_baseline_stops_the_run_before_any_work(tmp_path, baseline, line, capsys):
+    """One line of the baseline's metrics.jsonl that evalbeam cannot have written: the run stops
+    at once (exit 2, nothing written) naming the file, the line and why, and that the file
+    changed since evalbeam wrote it; so does `evalbeam report` of that folder. Before, such a
+    line failed the night's run at its very end and lost its metrics."""
+    import shutil
+
+    from evalbeam.pipelines.report_command import run as report
+
+    edited = tmp_path / "edited"
+    shutil.copytree(baseline, edited)
+    lines = (edited / "metrics.jsonl").read_text().splitlines()
+    (edited / "metrics.jsonl").write_text("\n".join(lines[:3] + [line] + lines[3:]) + "\n")
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert run_classification(classification_args(out, extra=["--baseline", edited])) == 2
+    err = capsys.readouterr().err
+    assert f"{edited / 'metrics.jsonl'} line 4 " in err and HOSTILE_LINES[line] in err, err
+    assert "changed since evalbeam wrote it" in err and "Traceback" not in err
+    assert not out.exists()
+    assert report([str(edited)]) == 2
+    assert "line 4" in capsys.readouterr().err
+    assert not (edited / "report.html").exists()
+
+
+def test_a_baseline_edited_during_the_run_keeps_the_run_s_metrics(tmp_path, baseline, monkeypatch):
+    """Valid when the run starts, a JSON list by its end: the run publishes its metrics and ends
+    incomplete (exit 4) with baseline_unreadable naming the line, instead of failing."""
+    import shutil
+
+    from evalbeam.pipelines import comparison as comparing
+
+    edited = tmp_path / "edited"
+    shutil.copytree(baseline, edited)
+    real = comparing.check_baseline
+
+    def check_then_edit(folder, *args, **kwargs):
+        info = real(folder, *args, **kwargs)
+        (edited / "metrics.jsonl").write_text("[]\n")
+        return info
+
+    monkeypatch.setattr(comparing, "check_baseline", check_then_edit)
+    out = tmp_path / "out"
+    assert run_classification(classification_args(out, extra=["--baseline", edited])) == 4
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "incomplete" and "metrics.jsonl" in info["files"]
+    [unreadable] = [p for p in info["problems"] if p["code"] == "baseline_unreadable"]
+    assert "line 1 is not a metric record" in unreadable["message"]
 
 
 # ---- a baseline evaluated on other data ----------------------------------------------------------
