@@ -82,13 +82,26 @@ def applies_to(gate, plan) -> bool:
             and gate.metric in _types(plan))
 
 
+def _baseline_records(folder: str, comparing) -> tuple:
+    """(records of a baseline cell's metrics.jsonl, None), or (None, why they cannot be used)."""
+    from evalbeam.transforms.io import join
+
+    path = join(folder, "metrics.jsonl")
+    try:
+        return comparing.read_records(path), None
+    except FileNotFoundError:
+        return None, "has no metrics.jsonl"
+    except Exception as error:
+        return None, f"has a metrics.jsonl that cannot be used ({error})"
+
+
 def finish(plans, output: str, gates, baseline, args, code: int, info: dict, quiet: bool) -> int:
     """Gates, comparison and report of a finished sweep; returns the exit code and updates
     info (sweep.json) with "gates", "comparison" and "files"."""
     from evalbeam.pipelines import comparison as comparing, gates as gating
     from evalbeam.pipelines.common import EXIT_GATES, EXIT_OK, EXIT_REJECTED
     from evalbeam.transforms.io import join
-    from evalbeam.transforms.outputs import write_json_atomic
+    from evalbeam.transforms.outputs import WARNING, problem, write_json_atomic
 
     from evalbeam.pipelines.sweep import ENDED, _read_or_none, _write_text   # noqa: cycle-free at call time
 
@@ -103,7 +116,13 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
         mine = [g for g in gates if applies_to(g, plan)]
         if baseline is not None:
             folder = baseline.get((plan.cell.dataset, plan.cell.model))
-            old = _read_or_none(join(folder, "metrics.jsonl"), comparing.read_records) if folder else None
+            old, unreadable = _baseline_records(folder, comparing) if folder else (None, None)
+            if unreadable:
+                problems.append(dict(problem(
+                    WARNING, "baseline_unreadable",
+                    f"cell {plan.cell.id}: the baseline's cell {folder} {unreadable}; the cell is "
+                    "compared with nothing and its change bounds are missing_baseline"),
+                    cell=plan.cell.id))
             if old is not None:
                 rows += [dict(r, dataset=plan.cell.dataset) for r in comparing.compare(records, old)]
                 differs = cell_data_differences(plan, folder)

@@ -540,6 +540,36 @@ def test_a_baseline_edited_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     assert "line 1 is not a metric record" in unreadable["message"]
 
 
+def test_a_sweep_baseline_cell_evalbeam_cannot_have_written_is_named(tmp_path, capsys):
+    """A baseline sweep's cell whose metrics.jsonl was edited (a JSON list appended) or removed:
+    sweep.json's baseline_problems names the cell, the file and the line, and the change bounds
+    are missing_baseline. Before, the cell was silently compared with nothing."""
+    import shutil
+
+    from evalbeam.pipelines.sweep import run as sweep
+
+    first = tmp_path / "night1"
+    assert sweep([str(small_sweep(tmp_path)), "--output", str(first), "--quiet"]) == 0
+    with open(first / "cells" / "golden" / "a" / "metrics.jsonl", "a") as f:
+        f.write("[]\n")
+    shutil.move(first / "cells" / "golden" / "b" / "metrics.jsonl", tmp_path / "b-metrics.jsonl")
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmax_drop = 1.0\n')
+    capsys.readouterr()
+    second = tmp_path / "night2"
+    assert sweep([str(small_sweep(tmp_path)), "--output", str(second), "--quiet",
+                  "--gates", str(gates), "--baseline", str(first)]) == 5
+    problems = json.loads((second / "sweep.json").read_text())["baseline_problems"]
+    assert [(p["cell"], p["code"]) for p in problems] == [("golden/a", "baseline_unreadable"),
+                                                          ("golden/b", "baseline_unreadable")]
+    lines = (first / "cells" / "golden" / "a" / "metrics.jsonl").read_text().count("\n")
+    assert f"metrics.jsonl line {lines} is not a metric record" in problems[0]["message"]
+    assert "has no metrics.jsonl" in problems[1]["message"]
+    verdicts = {c["verdict"] for c in json.loads((second / "gates.json").read_text())["results"]}
+    assert verdicts == {"missing_baseline"}
+    assert "evalbeam: warning: cell golden/a: the baseline's cell" in capsys.readouterr().err
+
+
 # ---- a baseline evaluated on other data ----------------------------------------------------------
 
 def golden_subset(folder, start: int, stop: int):
