@@ -160,32 +160,53 @@ def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = Non
     found = []
 
     def evaluated(run):
-        value = ((run.get("counts") or {}).get("groundtruths") or {}).get("rows_evaluated")
+        value = _field(run, "counts", "groundtruths", "rows_evaluated")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     new, old = evaluated(info), evaluated(baseline_info)
     if new is not None and old is not None and new != old:
         found.append(f"ground-truth datums evaluated: {old} in the baseline, {new} in this run")
-    ours, baselines = info.get("datums") or {}, baseline_info.get("datums") or {}
-    if ours.get("fingerprint") and baselines.get("fingerprint") and \
+    ours, baselines = _object(info, "datums"), _object(baseline_info, "datums")
+    if _text(ours.get("fingerprint")) and _text(baselines.get("fingerprint")) and \
             ours["fingerprint"] != baselines["fingerprint"]:
         found.append(f"datums evaluated: fingerprint {baselines['fingerprint']} "
                      f"({baselines.get('evaluated')} datums) in the baseline, {ours['fingerprint']} "
                      f"({ours.get('evaluated')}) in this run")
-    mine = ((sidecar or {}).get("datums") or {}).get("{}") or {}
-    theirs = ((baseline_sidecar or {}).get("datums") or {}).get("{}") or {}
-    if mine.get("fingerprint") and theirs.get("fingerprint") and \
+    mine = _object(sidecar, "datums", "{}")
+    theirs = _object(baseline_sidecar, "datums", "{}")
+    if _text(mine.get("fingerprint")) and _text(theirs.get("fingerprint")) and \
             mine["fingerprint"] != theirs["fingerprint"]:
         found.append(f"datum ids: fingerprint {theirs['fingerprint']} ({theirs.get('datums')} "
                      f"datums) in the baseline, {mine['fingerprint']} ({mine.get('datums')}) in "
                      "this run")
     if found:
-        files = [((run.get("inputs") or {}).get("groundtruths") or {}).get("files")
-                 for run in (baseline_info, info)]
-        if files[0] != files[1] and all(files):
+        files = [_field(run, "inputs", "groundtruths", "files") for run in (baseline_info, info)]
+        if files[0] != files[1] and all(isinstance(f, list) and f and all(map(_text, f))
+                                        for f in files):
             found.append(f"ground-truth files: {', '.join(files[0])} in the baseline, "
                          f"{', '.join(files[1])} in this run")
     return found
+
+
+def _field(document, *keys):
+    """document[keys[0]][keys[1]]..., or None where a step is not an object or lacks the key:
+    a baseline's run.json or sidecar may have been edited into any shape, and reading it must
+    not fail the run that compares with it."""
+    for key in keys:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+def _object(document, *keys) -> dict:
+    """_field when it is an object, else {}."""
+    found = _field(document, *keys)
+    return found if isinstance(found, dict) else {}
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and bool(value)
 
 
 def differs_problem(differences: list[str], baseline: str, gated: bool, where: str = "") -> dict:

@@ -570,6 +570,40 @@ def test_a_sweep_baseline_cell_evalbeam_cannot_have_written_is_named(tmp_path, c
     assert "evalbeam: warning: cell golden/a: the baseline's cell" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit", [{"counts": "x"}, {"counts": {"groundtruths": []}}, {"datums": 5},
+                                  {"datums": []}, {"datums": {"fingerprint": 7}},
+                                  {"inputs": {"groundtruths": {"files": [1, None]}}}])
+def test_data_differences_read_an_edited_run_json_of_any_shape(edit):
+    """A baseline's run.json is read at the end of the run: a field edited into another shape is
+    not recorded, never an exception that fails the run (it did for "counts" or "datums")."""
+    run = {"counts": {"groundtruths": {"rows_evaluated": 40}},
+           "datums": {"fingerprint": "ab" * 16, "evaluated": 40},
+           "inputs": {"groundtruths": {"files": ["gt.jsonl"]}}}
+    edited = dict(run, **edit)
+    assert comparison.data_differences(run, edited) == []
+    assert comparison.data_differences(edited, run) == []
+    sidecar = {"datums": {"{}": {"fingerprint": "cd" * 16, "datums": 40}}}
+    for other in ([], {"datums": 3}, {"datums": {"{}": "x"}}):
+        assert comparison.data_differences(run, run, sidecar, other) == []
+
+
+def test_a_baseline_run_json_edited_into_other_shapes_keeps_the_run(tmp_path, baseline):
+    import shutil
+
+    edited = tmp_path / "edited"
+    shutil.copytree(baseline, edited)
+    info = json.loads((edited / "run.json").read_text())
+    info.update(counts="x", datums=5)
+    (edited / "run.json").write_text(json.dumps(info))
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmodel = "model_a"\nmax_drop = 0.5\n')
+    out = tmp_path / "out"
+    assert run_classification(classification_args(out, extra=["--baseline", edited, "--gates",
+                                                             gates, "--report"])) == 0
+    assert read_jsonl(out / "comparison.jsonl")
+    assert json.loads((out / "gates.json").read_text())["passed"] is True
+
+
 # ---- a baseline evaluated on other data ----------------------------------------------------------
 
 def golden_subset(folder, start: int, stop: int):
