@@ -86,10 +86,23 @@ def read_records(path: str) -> list[dict]:
 
 
 def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
-                   option: str = "--baseline") -> dict:
+                   option: str = "--baseline", output: str | None = None) -> dict:
     """The run.json (or sweep.json) of a baseline folder, after checking that evalbeam wrote
-    it, that it finished with metrics, and (task given) that it is a run of that task. Raises
-    UsageError with one paragraph (option: how the message names the folder)."""
+    it, that it finished with metrics, (task given) that it is a run of that task, and (output
+    given) that it is not the run's own --output. Raises UsageError with one paragraph (option:
+    how the message names the folder)."""
+    if output is not None:
+        from evalbeam.transforms.outputs import same_path
+
+        if same_path(folder, output):
+            why = ("a sweep into its own folder keeps or replaces its cells, so each cell would be "
+                   "compared with itself" if sweep else
+                   "a run removes the earlier outputs of its folder when it starts, so no "
+                   "baseline would be left to compare with")
+            raise UsageError(
+                f"{option} {folder} is this {'sweep' if sweep else 'run'}'s --output: {why}. Keep "
+                f"each night in a folder of its own (runs/2026-11-28, ...) and give the previous "
+                f"one as {option}.")
     name = "sweep.json" if sweep else "run.json"
     what = "an earlier `evalbeam sweep` output folder" if sweep else "an earlier run's output folder"
     try:

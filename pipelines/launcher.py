@@ -195,7 +195,7 @@ def prepare_finishing(spec: TaskSpec, args, models, slices):
 
     baseline = getattr(args, "baseline", None)
     if baseline:
-        check_baseline(baseline, spec.name)
+        check_baseline(baseline, spec.name, output=args.output)
     gates = ()
     if getattr(args, "gates", None):
         gates = tuple(gating.load_gates(args.gates))

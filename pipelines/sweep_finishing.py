@@ -52,7 +52,7 @@ def prepare(manifest, plans, args) -> tuple:
         gates += [dataclasses.replace(g, index=g.index + offset) for g in extra]
     baseline = None
     if args.baseline:
-        info = check_baseline(args.baseline, sweep=True)
+        info = check_baseline(args.baseline, sweep=True, output=args.output)
         baseline = {(c["dataset"], c["model"]): c["folder"] for c in info.get("cells", [])}
     for gate in gates:
         applies = [p for p in plans if applies_to(gate, p)]

@@ -604,6 +604,31 @@ def test_a_baseline_run_json_edited_into_other_shapes_keeps_the_run(tmp_path, ba
     assert json.loads((out / "gates.json").read_text())["passed"] is True
 
 
+def test_the_output_folder_as_its_own_baseline_is_refused_before_anything_changes(tmp_path, capsys):
+    """`--output night --baseline night` (or a symlink to it, or with a trailing slash): the run
+    would remove the baseline's files when it starts and end incomplete; a sweep would compare
+    each cell with itself and pass by accident. Both stop at once, the folder as it was."""
+    from evalbeam.pipelines.sweep import run as sweep
+
+    night = tmp_path / "night"
+    assert run_classification(classification_args(night)) == 0
+    before = {p.name: p.read_bytes() for p in night.iterdir()}
+    (tmp_path / "link").symlink_to(night, target_is_directory=True)
+    for same in (night, f"{night}/", tmp_path / "link"):
+        capsys.readouterr()
+        assert run_classification(classification_args(night, extra=["--baseline", same])) == 2
+        assert "is this run's --output" in capsys.readouterr().err
+        assert {p.name: p.read_bytes() for p in night.iterdir()} == before
+    folder = tmp_path / "sweep"
+    assert sweep([str(small_sweep(tmp_path)), "--output", str(folder), "--quiet"]) == 0
+    before = sorted((p, p.stat().st_mtime_ns) for p in folder.rglob("*"))
+    capsys.readouterr()
+    assert sweep([str(small_sweep(tmp_path)), "--output", str(folder), "--quiet", "--baseline",
+                  f"{folder}/"]) == 2
+    assert "compared with itself" in capsys.readouterr().err
+    assert sorted((p, p.stat().st_mtime_ns) for p in folder.rglob("*")) == before
+
+
 # ---- a baseline evaluated on other data ----------------------------------------------------------
 
 def golden_subset(folder, start: int, stop: int):

@@ -54,7 +54,9 @@ EXIT_CODES = {COMPLETE: EXIT_OK, WITH_REJECTIONS: EXIT_REJECTED, INCOMPLETE: EXI
               FAILED: EXIT_FAILED}
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
+    """Whether two paths name the same file or folder: resolved (symlinks, "..") on a local
+    disk; on an object store, the same name but for a trailing "/" (names there are literal)."""
     if is_local(a) and is_local(b):
         return os.path.realpath(a) == os.path.realpath(b)
     return a.rstrip("/") == b.rstrip("/")
@@ -178,7 +180,7 @@ class OutputFolder:
         """Raise InputError when this run may not write into the folder; changes nothing."""
         for path in inputs:
             for name in OUTPUT_NAMES:
-                if _same_file(path, self.final(name)):
+                if same_path(path, self.final(name)):
                     raise InputError(
                         f"the input {path} is the file {name} of the output folder, which a run "
                         f"replaces: move the input elsewhere or choose another --output. evalbeam "
