@@ -99,6 +99,30 @@ def test_an_input_in_the_output_folder_is_never_removed(tmp_path, overwrite):
     assert listing(d) == before
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_gates_file_among_the_outputs_is_never_removed(tmp_path, capsys, overwrite):
+    """Options name inputs too: a gates file kept as out/gates.json was replaced by the run's own
+    gates.json under --overwrite. Refused like any input among the outputs."""
+    from evalbeam.pipelines.launcher import _option_files
+
+    data = small_dataset(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gates.json").write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.1\n')
+    before = listing(out)
+    result = run_cli_here(classification_args(data, out, "--gates", out / "gates.json",
+                                              *(["--overwrite"] if overwrite else [])), capsys)
+    assert result.returncode == 2
+    assert "never removes an input" in result.stderr and "Traceback" not in result.stderr
+    assert listing(out) == before
+
+    class Args:
+        gates, judge_byop, label_names = "g.toml", ["a.yaml", "b.yaml"], "names.JSON"
+    assert _option_files(Args) == ["g.toml", "a.yaml", "b.yaml", "names.JSON"]
+    Args.label_names = "0=road,1=car"                     # names, not a file
+    assert _option_files(Args) == ["g.toml", "a.yaml", "b.yaml"]
+
+
 def test_exit_2_changes_nothing_even_with_an_earlier_run(tmp_path):
     data = small_dataset(tmp_path)
     out = tmp_path / "out"
