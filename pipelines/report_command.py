@@ -3,12 +3,14 @@ folder (pipelines/report.md), made from its outputs without running anything aga
 
 Without -o the report is DIR/report.html; written into a run's own folder, it is added to
 run.json's list of the run's files (so a later run into the folder replaces it like any output
-of evalbeam's). A folder that is neither an evalbeam run nor a sweep exits 2.
+of evalbeam's). With -o FILE, an existing FILE is replaced only when it is a page evalbeam wrote.
+A folder that is neither an evalbeam run nor a sweep exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from evalbeam.pipelines.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say_error
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     from evalbeam.pipelines import comparison, report
     from evalbeam.transforms.io import join
+    from evalbeam.transforms.outputs import same_path
 
     parser = build_parser()
     parser.error = _raise
@@ -36,6 +39,7 @@ def run(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         folder = args.folder
         out = args.output or join(folder, "report.html")
+        own_page = args.output is None or same_path(args.output, join(folder, "report.html"))
         sweep = _exists(join(folder, "sweep.json"))
         if sweep:
             info = comparison.check_baseline(folder, sweep=True, option="evalbeam report")
@@ -45,8 +49,10 @@ def run(argv: list[str]) -> int:
             info = comparison.check_baseline(folder, option="evalbeam report")
             if args.baseline:
                 comparison.check_baseline(args.baseline, info.get("task"))
-        if args.output is None:
+        if own_page:
             _check_own(folder, info, sweep)
+        else:
+            _check_replaceable(out)
     except UsageError as error:
         say_error(str(error))
         return EXIT_USAGE
@@ -54,11 +60,11 @@ def run(argv: list[str]) -> int:
         if sweep:
             checks = _gates_of(folder)
             report.write_sweep_report(folder, out, checks=checks, baseline=args.baseline)
-            if args.output is None:
+            if own_page:
                 _list_in_sweep_json(folder, info, "report.html")
         else:
             report.write_report(report.RunFiles(folder, info), out, baseline=args.baseline)
-            if args.output is None:
+            if own_page:
                 _list_in_run_json(folder, info, "report.html")
     except OSError as error:
         say_error(f"cannot write the report to {out}: {error}")
@@ -85,6 +91,35 @@ def _gates_of(folder: str):
 
     path = join(folder, "gates.json")
     return read_json(path).get("results") if _exists(path) else None
+
+
+GENERATOR = b'<meta name="generator" content="evalbeam">'
+
+
+def _check_replaceable(path: str) -> None:
+    """-o FILE may replace only a page evalbeam wrote (its generator mark in the first 4 KiB;
+    pages from before the mark: the doctype and a title starting "evalbeam"): a data file, a
+    run's metrics.jsonl or a page of the user's given by mistake is refused."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.io import is_local
+
+    if is_local(path):
+        if not os.path.lexists(path):
+            return
+        if not os.path.isfile(path):
+            raise UsageError(f"-o {path} is not a file: name the page's file.")
+    elif not _exists(path):
+        return
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as stream:
+            head = stream.read(4096)
+    except Exception as error:
+        raise UsageError(f"-o {path} exists and cannot be read ({error}); name a new file") from None
+    legacy = head.lower().startswith(b"<!doctype html>") and b"<title>evalbeam " in head
+    if GENERATOR not in head and not legacy:
+        raise UsageError(f"-o {path} exists and is not a report evalbeam wrote: evalbeam replaces "
+                         "only its own files. Name a new file, or move that one away.")
 
 
 def _check_own(folder: str, info: dict, sweep: bool) -> None:

@@ -267,6 +267,35 @@ def test_report_command_on_a_finished_run(tmp_path, capsys):
     assert report([str(out), "-o", str(tmp_path / "elsewhere.html")]) == 0
 
 
+def test_report_o_replaces_only_a_page_evalbeam_wrote(tmp_path, capsys):
+    """`-o FILE` overwrote whatever FILE was: a data file given by mistake, or the run's own
+    metrics.jsonl (the run then unreadable). An existing FILE is now replaced only when it is
+    an evalbeam page; the folder's own report.html named with -o is listed in run.json as
+    without -o."""
+    from evalbeam.pipelines.report_command import run as report
+
+    out = tmp_path / "run"
+    assert run_classification(["--groundtruths", GOLDEN / "classification" / "groundtruths.jsonl",
+                               "--predictions", f"a={GOLDEN / 'classification' / 'model_a.jsonl'}",
+                               "--output", out, "--max_rejected_fraction", "0.1", "--quiet"]) == 0
+    data = tmp_path / "gt.jsonl"
+    data.write_bytes((GOLDEN / "classification" / "groundtruths.jsonl").read_bytes())
+    kept = {path: path.read_bytes() for path in (data, out / "metrics.jsonl", out / "run.json")}
+    (tmp_path / "folder.html").mkdir()
+    for target in (data, out / "metrics.jsonl", out / "run.json", tmp_path / "folder.html"):
+        capsys.readouterr()
+        assert report([str(out), "-o", str(target)]) == 2
+        assert "-o " in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in kept} == kept
+    page = tmp_path / "page.html"
+    assert report([str(out), "-o", str(page)]) == 0
+    assert report([str(out), "-o", str(page)]) == 0              # its own page: replaced
+    assert b'<meta name="generator" content="evalbeam">' in page.read_bytes()[:4096]
+    assert report([str(out), "-o", str(out / "report.html")]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["files"]["report.html"] == os.path.getsize(out / "report.html")
+
+
 def test_report_bounds_with_many_labels_and_slices(tmp_path):
     """Tables are capped, charts of the sections past MAX_SECTIONS are left out, and the page
     stays small whatever the number of records."""
