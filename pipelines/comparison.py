@@ -146,11 +146,11 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
 
 
 def _changed_since(info: dict, path: str) -> str:
-    """", which changed since evalbeam wrote it (...)" when the file's size is not the one
-    run.json records, else ""."""
+    """"; it changed since evalbeam wrote it: ..." when the file's size is not the one run.json
+    records, else ""."""
     from apache_beam.io.filesystems import FileSystems
 
-    recorded = (info.get("files") or {}).get("metrics.jsonl")
+    recorded = _field(info, "files", "metrics.jsonl")
     try:
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     except Exception:

@@ -277,7 +277,6 @@ def _option_files(args) -> list[str]:
     return [str(path) for path in named if path]
 
 
-
 def report_problems(info: dict, rejected_path: str, allowed: float) -> None:
     """The run's warnings, why it is incomplete, and the rejection message, on stderr: what the
     exit code means, in words, whatever --quiet says."""

@@ -115,7 +115,7 @@ def _check_replaceable(path: str) -> None:
         with FileSystems.open(path, compression_type="uncompressed") as stream:
             head = stream.read(4096)
     except Exception as error:
-        raise UsageError(f"-o {path} exists and cannot be read ({error}); name a new file") from None
+        raise UsageError(f"-o {path} exists and cannot be read ({error}); name a new file.") from None
     legacy = head.lower().startswith(b"<!doctype html>") and b"<title>evalbeam " in head
     if GENERATOR not in head and not legacy:
         raise UsageError(f"-o {path} exists and is not a report evalbeam wrote: evalbeam replaces "

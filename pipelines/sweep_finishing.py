@@ -82,13 +82,14 @@ def applies_to(gate, plan) -> bool:
             and gate.metric in _types(plan))
 
 
-def _baseline_records(folder: str, comparing) -> tuple:
+def _baseline_records(folder: str) -> tuple:
     """(records of a baseline cell's metrics.jsonl, None), or (None, why they cannot be used)."""
+    from evalbeam.pipelines.comparison import read_records
     from evalbeam.transforms.io import join
 
     path = join(folder, "metrics.jsonl")
     try:
-        return comparing.read_records(path), None
+        return read_records(path), None
     except FileNotFoundError:
         return None, "has no metrics.jsonl"
     except Exception as error:
@@ -116,7 +117,7 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
         mine = [g for g in gates if applies_to(g, plan)]
         if baseline is not None:
             folder = baseline.get((plan.cell.dataset, plan.cell.model))
-            old, unreadable = _baseline_records(folder, comparing) if folder else (None, None)
+            old, unreadable = _baseline_records(folder) if folder else (None, None)
             if unreadable:
                 problems.append(dict(problem(
                     WARNING, "baseline_unreadable",
