@@ -267,13 +267,10 @@ def _inputs_of(sources: dict) -> list[str]:
     return [path for source in sources.values() for path in source.files]
 
 
-def _option_files(args) -> list[str]:
-    """The files a run reads from its options rather than its sources (--gates, a --label_names
-    .json, each --judge_byop template): inputs too, which the output folder's check protects."""
-    named = [getattr(args, "gates", None), *(getattr(args, "judge_byop", None) or ())]
-    label_names = getattr(args, "label_names", None)
-    if isinstance(label_names, str) and label_names.lower().endswith(".json"):
-        named.append(label_names)
+def _option_files(spec: TaskSpec, args) -> list[str]:
+    """The files a run reads from its options rather than its sources (--gates, and the task's
+    own: TaskSpec.option_files): inputs too, which the output folder's check protects."""
+    named = [getattr(args, "gates", None), *spec.option_files(args)]
     return [str(path) for path in named if path]
 
 
@@ -319,7 +316,7 @@ def prepare_run(spec: TaskSpec, config, args, models: dict[str, str], slices: li
         sources[name] = expand_source(name, pattern, spec.known_formats)
     for name, source in sources.items():
         spec.check_source(name, source, config, slices)
-    folder.check(_inputs_of(sources) + _option_files(args))
+    folder.check(_inputs_of(sources) + _option_files(spec, args))
     if args.num_shards:
         num_shards = args.num_shards
     elif num_shards is None:

@@ -49,12 +49,21 @@ def add_arguments(parser) -> None:
                              "keeps a (labels + 1)^2 pixel matrix; more stop the run")
 
 
+def label_names_file(text: str | None) -> str | None:
+    """The file --label_names names (a .json), or None when it gives the names themselves."""
+    return text if isinstance(text, str) and text.lower().endswith(".json") else None
+
+
+def option_files(args) -> tuple:
+    return tuple(filter(None, [label_names_file(args.label_names)]))
+
+
 def parse_label_names(text: str | None) -> dict[int, str] | None:
     """{class id: label name} from --label_names (see build_parser). A name longer than
     MAX_LABEL_CHARS characters is a usage error, like a repeated or empty one."""
     if text is None:
         return None
-    if text.lower().endswith(".json"):
+    if label_names_file(text):
         from evalbeam.transforms.io import open_input
 
         try:
@@ -170,7 +179,7 @@ SPEC = TaskSpec(
     input_help=".jsonl or .parquet rows with segments or label_map_uri",
     add_arguments=add_arguments, configure=configure, options=options,
     check_source=check_source, transforms="evalbeam.transforms.segmentation",
-    summarize=summarize, min_shards=MIN_SHARDS,
+    summarize=summarize, option_files=option_files, min_shards=MIN_SHARDS,
     interval_unit="image")   # transforms.segmentation.INTERVAL_UNIT
 
 

@@ -18,6 +18,10 @@ def _no_extra_outputs(config) -> tuple:
     return ()
 
 
+def _no_option_files(args) -> tuple:
+    return ()
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task, declared.
@@ -40,6 +44,8 @@ class TaskSpec:
     summarize(metrics_path, info, config) -> str: the table printed after a run (info: run.json);
     extra_outputs(config) -> file names the task writes besides metrics.jsonl, rejected.jsonl
       and run.json (scores.jsonl, per_query.jsonl);
+    option_files(args) -> the files the task's own options name and the run reads (a
+      --label_names .json, --judge_byop templates): inputs, which the output folder protects;
     min_shards: the fewest datum shards by default; known_formats: inputs must be .jsonl or
       .parquet files (False: the task reads other formats, e.g. TREC files);
     interval_unit: what one bootstrap weight is drawn for ("datum", "image", "query"), as the
@@ -58,6 +64,7 @@ class TaskSpec:
     transforms: str
     summarize: Callable
     extra_outputs: Callable = _no_extra_outputs
+    option_files: Callable = _no_option_files
     min_shards: int = 1
     known_formats: bool = True
     interval_unit: str = "datum"

@@ -159,6 +159,10 @@ def extra_outputs(config: TextConfig) -> tuple:
     return ("scores.jsonl",)
 
 
+def option_files(args) -> tuple:
+    return tuple(args.judge_byop)
+
+
 SPEC = TaskSpec(
     name=TASK,
     summary="evaluate generated text of one or more models: ROUGE, BLEU and rule-based "
@@ -167,7 +171,7 @@ SPEC = TaskSpec(
     input_help=".jsonl or .parquet rows",
     add_arguments=add_arguments, configure=configure, options=options,
     check_source=check_source, transforms="evalbeam.transforms.text", summarize=summarize,
-    extra_outputs=extra_outputs, min_shards=MIN_SHARDS)
+    extra_outputs=extra_outputs, option_files=option_files, min_shards=MIN_SHARDS)
 
 
 run = SPEC.run

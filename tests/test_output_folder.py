@@ -116,11 +116,17 @@ def test_a_gates_file_among_the_outputs_is_never_removed(tmp_path, capsys, overw
     assert "never removes an input" in result.stderr and "Traceback" not in result.stderr
     assert listing(out) == before
 
+    from evalbeam.pipelines.classification import SPEC as CLASSIFICATION
+    from evalbeam.pipelines.segmentation import SPEC as SEGMENTATION
+    from evalbeam.pipelines.text import SPEC as TEXT
+
     class Args:
         gates, judge_byop, label_names = "g.toml", ["a.yaml", "b.yaml"], "names.JSON"
-    assert _option_files(Args) == ["g.toml", "a.yaml", "b.yaml", "names.JSON"]
+    assert _option_files(TEXT, Args) == ["g.toml", "a.yaml", "b.yaml"]
+    assert _option_files(SEGMENTATION, Args) == ["g.toml", "names.JSON"]
+    assert _option_files(CLASSIFICATION, Args) == ["g.toml"]
     Args.label_names = "0=road,1=car"                     # names, not a file
-    assert _option_files(Args) == ["g.toml", "a.yaml", "b.yaml"]
+    assert _option_files(SEGMENTATION, Args) == ["g.toml"]
 
 
 def test_exit_2_changes_nothing_even_with_an_earlier_run(tmp_path):

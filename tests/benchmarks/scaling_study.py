@@ -143,7 +143,8 @@ def run_one(cmd: list[str], output: str) -> dict:
     info = json.load(open(os.path.join(output, "run.json"), encoding="utf-8"))
     if got["returncode"] not in (0, 1) or info.get("status") == "failed":
         raise SystemExit(f"{' '.join(cmd)} failed: see {got['stderr']}")
-    return {"wall_s": round(got["wall_s"], 2), "cpu_s": round(got["cpu_s"], 2), "peak_mb": round(got["peak_tree_kb"] / 1024),
+    return {"wall_s": round(got["wall_s"], 2), "cpu_s": round(got["cpu_s"], 2),
+            "peak_mb": round(got["peak_tree_kb"] / 1024),
             "rows_read": info["rows_read"], "shuffles": info["shuffles"],
             "num_shards": info["options"]["num_shards"], "input_bytes": sum(
                 os.path.getsize(p) for p in _inputs(cmd))}
