@@ -15,6 +15,8 @@ from evalbeam.transforms.kernels.retrieval import RetrievalConfig
 
 TASK = "retrieval"
 MIN_SHARDS = 8
+# lines of a file's head that check_source may read to find a row (as transforms.io.preflight)
+HEAD_LINES = 100
 
 
 def add_arguments(parser) -> None:
@@ -48,14 +50,13 @@ def configure(args) -> RetrievalConfig:
 
 
 def check_source(name: str, source, config: RetrievalConfig, slices) -> None:
-    """A file must look like its kind: qrels lines of 4 fields or JSONL judgments; run lines of
-    at least 6 fields or JSONL scores (rows are checked one by one later). --slice needs JSONL
-    qrels (their metadata). A file of another task's rows (JSONL or Parquet) is named with the
-    command that reads it. Only the first non-blank line is read (through open_input, so a
-    compressed file that breaks off there is an input error too)."""
+    """A file must hold rows of its kind: TREC qrels lines of 4 fields or JSONL judgments, TREC
+    run lines of at least 6 fields or JSONL scores. --slice needs JSONL qrels (their metadata).
+    A file of another task's rows (JSONL or Parquet) is named with the command that reads it.
+    The head of each file is read through open_input (a compressed file that breaks off there
+    is an input error too) and judged by _check_head."""
     from evalbeam.schemas.retrieval_rows import format_of
-    from evalbeam.schemas.safe_json import loads_row
-    from evalbeam.transforms.io import InputError, head_lines, open_input, wrong_task_message
+    from evalbeam.transforms.io import InputError, open_input
 
     qrels = name == "groundtruths"
     for path in source.files:
@@ -66,36 +67,77 @@ def check_source(name: str, source, config: RetrievalConfig, slices) -> None:
             _check_parquet(name, path)
         try:
             with open_input(path) as stream:
-                lines = head_lines(stream, 1)
+                _check_head(path, name, qrels, format_of(path) == "jsonl", stream)
         except InputError:
             raise
         except Exception as error:
             raise InputError(f"cannot read {path} (given for {name}): {error}") from None
-        if not lines:
-            raise InputError(f"{path} (given for {name}) holds no rows.")
-        line = lines[0]
-        jsonl = format_of(path) == "jsonl"
-        row = loads_row(line)[0] if jsonl or line.lstrip().startswith(b"{") else None
+
+
+def _check_head(path: str, name: str, qrels: bool, jsonl: bool, stream) -> None:
+    """Refuse a file that is not of its kind, judging its first HEAD_LINES non-blank lines.
+
+    The file passes at the first line that is a row of its format: a JSON object with the
+    kind's fields (JSONL; the values are checked later), or a line of the right field count
+    (TREC). Lines before it are bad rows, rejected one by one when the file is read (a lone
+    surrogate, JSON nested too deep or broken, a wrong field count), so they never refuse the
+    file on their own. A JSON object of another task's fields, or (in a file not named .jsonl)
+    a JSON object of retrieval's fields, refuses it as soon as it is seen: the file is of
+    another task or format. So does a file none of whose first HEAD_LINES lines is a row, with
+    what its first line is. One line is held at a time (a line may be 64 MiB long)."""
+    from evalbeam.schemas.safe_json import MAX_ROW_BYTES, iter_lines, loads_row
+    from evalbeam.transforms.io import InputError, wrong_task_message
+
+    need = ("query_id", "doc_id", "relevance" if qrels else "score")
+    seen, first = 0, None      # non-blank lines judged; why the first of them is not a row
+    for _, line in iter_lines(stream, MAX_ROW_BYTES, chunk_size=1 << 20):
+        if line is None or not line.strip():
+            continue
+        seen += 1
+        row, problem = loads_row(line) if jsonl or line.lstrip().startswith(b"{") else (None, None)
         if isinstance(row, dict):
             other = wrong_task_message(path, name, row, TASK)
             if other:
                 raise InputError(other)
-        need = ("query_id", "doc_id", "relevance" if qrels else "score")
+        complete = isinstance(row, dict) and all(k in row for k in need)
         if jsonl:
-            if not isinstance(row, dict) or any(k not in row for k in need):
-                raise InputError(f"{path} (given for {name}) does not start with a JSON object "
-                                 f"with {list(need)}; see the README for the formats.")
-        elif isinstance(row, dict) and all(k in row for k in need):
+            if complete:
+                return
+            why = problem or (f"a JSON object with the keys {sorted(row)[:8]}"
+                              if isinstance(row, dict) else "not a JSON object")
+        elif complete:
             raise InputError(f"{path} (given for {name}) holds JSON rows, but only names ending in "
                              ".jsonl, .ndjson or .json (optionally compressed, e.g. .jsonl.gz) are "
                              "read as JSONL; every other file is read as TREC text. Rename it.")
         else:
             fields = len(line.split())
-            if (qrels and fields != 4) or (not qrels and fields < 6):
-                what = "qrels lines 'query iter doc relevance'" if qrels else \
-                    "run lines 'query Q0 doc rank score tag'"
-                raise InputError(f"{path} (given for {name}) starts with a line of {fields} fields; "
-                                 f"expected TREC {what} (or .jsonl rows).")
+            if (qrels and fields == 4) or (not qrels and fields >= 6):
+                return
+            why = f"a line of {fields} fields"
+        first = first or why
+        if seen == HEAD_LINES:
+            break
+    if not seen:
+        raise InputError(f"{path} (given for {name}) holds no rows.")
+    if jsonl:
+        raise InputError(f"{path} (given for {name}) holds no {'qrels' if qrels else 'run'} rows: "
+                         f"{_none_is(seen, f'a JSON object with {list(need)}', first)}; see the "
+                         "README for the formats.")
+    what = "qrels lines 'query iter doc relevance'" if qrels else \
+        "run lines 'query Q0 doc rank score tag'"
+    fields = "4 fields" if qrels else "6 or more fields"
+    raise InputError(f"{path} (given for {name}) holds no TREC {what}: "
+                     f"{_none_is(seen, f'a line of {fields}', first)}; JSONL rows are read from "
+                     "files named .jsonl.")
+
+
+def _none_is(lines: int, row: str, first: str) -> str:
+    """'none of its 3 non-blank lines is {row} (the first: {first})', for the message of a file
+    without rows; first: what its first non-blank line is instead."""
+    if lines == 1:
+        return f"its only non-blank line is not {row} ({first})"
+    return (f"none of its {'first ' if lines == HEAD_LINES else ''}{lines} non-blank lines is "
+            f"{row} (the first: {first})")
 
 
 def _check_parquet(name: str, path: str) -> None:

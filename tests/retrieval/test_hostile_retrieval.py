@@ -471,3 +471,150 @@ def test_a_jsonl_line_that_starts_with_a_bom_is_a_bad_row_wherever_the_span_star
                     queries += out[1][2].query.to_pylist()
         assert sorted(queries) == ["q0", "q3", "q4"], cut
         assert sorted(rejected) == [(2, "malformed JSON"), (3, BOM_REASON)], cut
+
+
+# ---------------------------------------------------------------------------------------------
+# A bad first row is one rejected row, not a refused file (issue 39)
+
+SURROGATE = "the value of 'note' holds a lone UTF-16 surrogate (an escape such as \\ud800 without its " \
+            "pair): not valid Unicode text"
+# the three kinds of bad row: (line, the start of its rejection reason)
+BAD_ROWS = {
+    "surrogate": ('{"query_id": "q1", "doc_id": "d1", "%s": 1, "note": "\\ud800"}', SURROGATE),
+    "deep": ('{"query_id": "q1", "doc_id": "d1", "%s": 1, "x": ' + "[" * 70 + "]" * 70 + "}",
+             "JSON nested deeper than 64 levels"),
+    "broken": ('{"query_id": "q1", "doc_id": "d1", "%s": 1', "malformed JSON: "),
+}
+
+
+def first_row_case(folder: Path, bad: dict, at_byte: int | None = None) -> tuple[Path, Path]:
+    """qrels.jsonl and run.jsonl in folder: 4 queries x 8 docs, graded judgments, scores with a
+    tie, and the bad rows of bad ({"qrels"|"run": [row text, ...]}): the first at line 1, the
+    second (if any) as the first line that starts at byte at_byte or later (the first line of
+    the second span when the file is read in spans of at_byte bytes). Each bad row names a
+    (query, doc) pair of a good row, so a bad row kept by mistake would be a repeated pair."""
+    rng = np.random.default_rng(39)
+    rows = {"qrels": [], "run": []}
+    for q in range(4):
+        for d in range(8):
+            rows["qrels"].append(json_line("qrels", f"q{q}", f"d{d}", int(rng.integers(0, 3))))
+            rows["run"].append(json_line("run", f"q{q}", f"d{d}", float(rng.integers(0, 5))))
+    paths = []
+    for source, lines in rows.items():
+        extra = list(bad.get(source, []))
+        if extra:
+            lines.insert(0, extra.pop(0))
+        if extra:
+            start, at = 0, 0
+            while start < at_byte:
+                start += len(lines[at]) + 1
+                at += 1
+            lines.insert(at, extra.pop(0))
+        paths.append(Path(write_jsonl(folder / f"{source}.jsonl", lines)))
+    return paths[0], paths[1]
+
+
+def run_case(qrels: Path, run: Path, out: Path, *options) -> int:
+    return run_retrieval("--groundtruths", qrels, "--predictions", f"m={run}", "--output", out,
+                         "--quiet", "--k", "1,3,5", "--per_query", *options)
+
+
+@pytest.fixture(scope="module")
+def clean_metrics(tmp_path_factory):
+    """metrics.jsonl and per_query.jsonl of the case without bad rows."""
+    folder = tmp_path_factory.mktemp("clean")
+    qrels, run = first_row_case(folder, {})
+    assert run_case(qrels, run, folder / "out") == 0
+    return (folder / "out" / "metrics.jsonl").read_bytes(), (folder / "out" / "per_query.jsonl").read_bytes()
+
+
+def check_rejected(out: Path, qrels: Path, run: Path, expected: list[tuple], clean_metrics) -> None:
+    """expected: (source, file, line, reason start) of every rejected row; the counts add up
+    (32 good rows in each file) and the metrics are those of the files without the bad rows."""
+    rejected = read_jsonl(out / "rejected.jsonl")
+    assert sorted((r["source"], r["file"], r["line"]) for r in rejected) == \
+        sorted((source, str(path), line) for source, path, line, _ in expected)
+    reasons = {(r["source"], r["line"]): r["reason"] for r in rejected}
+    for source, _, line, reason in expected:
+        assert reasons[(source, line)].startswith(reason), (source, line, reasons[(source, line)])
+    counts = json.loads((out / "run.json").read_text())["counts"]
+    for source, name in (("groundtruths", "groundtruths"), ("m", "m")):
+        bad = sum(1 for e in expected if e[0] == source)
+        assert counts[name] == {"rows_read": 32 + bad, "rows_evaluated": 32, "rows_rejected": bad}
+    assert (out / "metrics.jsonl").read_bytes() == clean_metrics[0]
+    assert (out / "per_query.jsonl").read_bytes() == clean_metrics[1]
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_a_bad_first_row_is_rejected_and_the_file_read_on(tmp_path, capsys, kind, clean_metrics):
+    """A lone surrogate, JSON nested 70 deep or broken JSON on line 1 of the JSONL qrels and of
+    the JSONL run: one rejected row each (file, line 1, the reason), the rest evaluated as if
+    the line were not there. Before the fix each file was refused at the start (exit 2, "does
+    not start with a JSON object with [...]", false for the surrogate row, which is one)."""
+    line, reason = BAD_ROWS[kind]
+    qrels, run = first_row_case(tmp_path, {"qrels": [line % "relevance"], "run": [line % "score"]})
+    assert run_case(qrels, run, tmp_path / "out") == 1      # rejected rows: exit 1, metrics written
+    assert "Traceback" not in capsys.readouterr().err
+    check_rejected(tmp_path / "out", qrels, run,
+                   [("groundtruths", qrels, 1, reason), ("m", run, 1, reason)], clean_metrics)
+
+
+def test_a_bad_first_row_and_a_bad_row_that_starts_a_span_multiprocess(tmp_path, clean_metrics):
+    """The same on two worker processes, the files read in spans of 400 bytes, each with a bad
+    row on line 1 and another as the first line of its second span (the span reader's line 1)."""
+    rows = {source: [BAD_ROWS[kind][0] % value for kind in kinds]
+            for source, value, kinds in (("qrels", "relevance", ("surrogate", "deep")),
+                                         ("run", "score", ("broken", "surrogate")))}
+    qrels, run = first_row_case(tmp_path, rows, at_byte=400)
+    lines = {path: path.read_bytes().split(b"\n") for path in (qrels, run)}
+    second = {path: next(i for i in range(len(ls)) if sum(len(x) + 1 for x in ls[:i]) >= 400) + 1
+              for path, ls in lines.items()}
+    for path in (qrels, run):       # the second bad row starts the second span
+        assert sum(len(x) + 1 for x in lines[path][:second[path] - 1]) >= 400
+        assert sum(len(x) + 1 for x in lines[path][:second[path] - 2]) < 400
+        assert lines[path][second[path] - 1].startswith(b'{"query_id": "q1", "doc_id": "d1"')
+    assert run_case(qrels, run, tmp_path / "out", "--input_split_bytes", "400", *MULTIPROCESS) == 1
+    check_rejected(tmp_path / "out", qrels, run,
+                   [("groundtruths", qrels, 1, SURROGATE),
+                    ("groundtruths", qrels, second[qrels], BAD_ROWS["deep"][1]),
+                    ("m", run, 1, "malformed JSON: "), ("m", run, second[run], SURROGATE)],
+                   clean_metrics)
+
+
+def test_a_file_without_rows_at_its_start_is_refused_with_what_it_holds(tmp_path, capsys):
+    """Refused up front, each with a true message: a JSONL file none of whose first 100 lines is
+    a row of its kind (a run given as qrels, a file of only bad rows), a TREC file none of whose
+    lines has the right field count; a TREC file whose first line is bad but whose next is a
+    row passes (the bad line is rejected when the file is read)."""
+    from evalbeam.pipelines.retrieval import check_source
+    from evalbeam.transforms.io import InputError, Source
+
+    def message(name, path):
+        with pytest.raises(InputError) as error:
+            check_source(name, Source(name, str(path), (str(path),)), None, ())
+        return str(error.value).replace(str(path), "FILE")
+
+    write_jsonl(tmp_path / "run.jsonl", ['{"broken', {"query_id": "q", "doc_id": "d", "score": 1.0}])
+    assert message("groundtruths", tmp_path / "run.jsonl") == (
+        "FILE (given for groundtruths) holds no qrels rows: none of its 2 non-blank lines is a JSON "
+        "object with ['query_id', 'doc_id', 'relevance'] (the first: malformed JSON: Unterminated "
+        "string starting at: line 1 column 2 (char 1)); see the README for the formats.")
+    write_jsonl(tmp_path / "lone.jsonl", [BAD_ROWS["surrogate"][0] % "score"])
+    assert message("m", tmp_path / "lone.jsonl") == (
+        "FILE (given for m) holds no run rows: its only non-blank line is not a JSON object with "
+        f"['query_id', 'doc_id', 'score'] ({SURROGATE}); see the README for the formats.")
+    write_jsonl(tmp_path / "lists.jsonl", [[1, 2]] * 150)
+    assert "none of its first 100 non-blank lines is a JSON object with ['query_id', 'doc_id', " \
+           "'score'] (the first: not a JSON object)" in message("m", tmp_path / "lists.jsonl")
+    (tmp_path / "run").write_text("q Q0 d 1 1.0\n" * 3)
+    assert message("m", tmp_path / "run") == (
+        "FILE (given for m) holds no TREC run lines 'query Q0 doc rank score tag': none of its 3 "
+        "non-blank lines is a line of 6 or more fields (the first: a line of 5 fields); JSONL rows "
+        "are read from files named .jsonl.")
+    (tmp_path / "qrels").write_text("# judgments\nq 0 d 1\n")
+    check_source("groundtruths", Source("groundtruths", str(tmp_path / "qrels"), (str(tmp_path / "qrels"),)),
+                 None, ())
+    assert run_retrieval("--groundtruths", tmp_path / "run.jsonl", "--predictions", f"m={tmp_path / 'run'}",
+                         "--output", tmp_path / "out", "--quiet") == 2
+    assert "holds no qrels rows" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
