@@ -15,6 +15,7 @@ from importlib import metadata
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_GATES = 0, 1, 2, 3, 4, 5
 NAME = re.compile(r"[A-Za-z0-9_.\-]+")   # used with fullmatch: "$" would let a final newline in
+NAME_CHARACTERS = "ASCII letters, digits, '_', '.' and '-'"
 SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
 
 
@@ -55,12 +56,19 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     head, sep, tail = spec.partition("=")
     if sep and NAME.fullmatch(head) and tail:
         return head, tail
+    if sep and "/" not in head and "\\" not in head:
+        # NAME=PATH with a NAME that cannot be one (a path's "=" has a "/" before it)
+        if not tail:
+            raise UsageError(f"--predictions {spec!r}: no path after {head + '='!r}")
+        raise UsageError(f"--predictions {spec!r}: the model name {head!r} may hold only "
+                         f"{NAME_CHARACTERS}; it names outputs and files")
     stem = os.path.basename(spec.rstrip("/"))
     for suffix in (".gz", ".jsonl", ".ndjson", ".json", ".parquet", ".pq"):
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
     if not NAME.fullmatch(stem):
-        raise UsageError(f"cannot name the model of {spec!r} after its file; write NAME={spec}")
+        raise UsageError(f"cannot name the model of {spec!r} after its file ({stem!r}: a model name "
+                         f"may hold only {NAME_CHARACTERS}); write NAME={spec} with such a NAME")
     return stem, spec
 
 

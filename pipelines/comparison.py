@@ -50,38 +50,35 @@ def record_problem(record) -> str | None:
     return None
 
 
-def _not_finite(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    """evalbeam writes strict JSON (no NaN or Infinity, which its comparison and reports could
-    not write back), so a number out of float range is refused as those are."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
 def read_records(path: str) -> list[dict]:
-    """The metric records of a metrics.jsonl. Raises ValueError naming the file and line of the
-    first line that is not JSON or not a record (record_problem): a file edited, cut short or
-    replaced since evalbeam wrote it."""
-    from apache_beam.io.filesystems import FileSystems
+    """The metric records of a metrics.jsonl, read through transforms.input_files (a regular
+    file of at most MAX_OUTPUT_BYTES, lines bounded, strict JSON: no NaN or Infinity, which
+    evalbeam never writes). Raises ValueError naming the file and line of the first line that is
+    not strict JSON, not a record (record_problem) or a second record of one identity (type,
+    parameters, model and slice: gates.record_key) -- evalbeam writes each record once, so a
+    repeated one was edited in, and which of the two a comparison or a gate used would depend
+    on their order; FileMissing (a FileNotFoundError) without the file, FileRefused (an
+    InputError) for a file that is not a regular file or too large."""
+    from evalbeam.pipelines.gates import record_key
+    from evalbeam.transforms.input_files import iter_lines, json_problem
 
-    records = []
-    with FileSystems.open(path) as stream:
-        for number, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line, parse_constant=_not_finite, parse_float=_finite)
-            except ValueError as error:
-                raise ValueError(f"{path} line {number} is not JSON ({error})") from None
-            problem = record_problem(record)
-            if problem:
-                raise ValueError(f"{path} line {number} is not a metric record: {problem}")
-            records.append(record)
+    records, lines_of = [], {}
+    for number, line in iter_lines(path):
+        record, problem = json_problem(line)
+        if problem:
+            raise ValueError(f"{path} line {number} is {problem}" if problem.startswith("not ")
+                             else f"{path} line {number}: {problem}")
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"{path} line {number} is not a metric record: {problem}")
+        key = record_key(record)
+        if key in lines_of:
+            raise ValueError(f"{path} line {number} repeats the record of line {lines_of[key]} "
+                             f"({record['type']} of model {record.get('model')!r}, slice "
+                             f"{json.dumps(record.get('slice', {}))}, the same parameters): "
+                             "evalbeam writes each record once, so one of them was edited in")
+        lines_of[key] = number
+        records.append(record)
     return records
 
 
@@ -146,18 +143,37 @@ def check_baseline(folder: str, task: str | None = None, sweep: bool = False,
 
 
 def _changed_since(info: dict, path: str) -> str:
-    """"; it changed since evalbeam wrote it: ..." when the file's size is not the one run.json
-    records, else ""."""
+    """"; <changed_since's phrase>" when the file's size is not the one run.json records, else
+    ""."""
+    phrase = changed_since(info, path)
+    return f"; {phrase}" if phrase else ""
+
+
+def changed_since(info: dict, path: str) -> str | None:
+    """"it changed since evalbeam wrote it: ..." when the size of the metrics.jsonl at path is
+    not the one its run.json (info) records, else None (also when either is unknown)."""
     from apache_beam.io.filesystems import FileSystems
 
     recorded = _field(info, "files", "metrics.jsonl")
     try:
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     except Exception:
-        return ""
-    if not isinstance(recorded, int) or recorded == size:
-        return ""
-    return f"; it changed since evalbeam wrote it: run.json records {recorded:,} bytes, it has {size:,}"
+        return None
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded == size:
+        return None
+    return f"it changed since evalbeam wrote it: run.json records {recorded:,} bytes, it has {size:,}"
+
+
+def changed_problem(phrase: str, baseline: str, gated: bool, where: str = "") -> dict:
+    """The warning problem `baseline_changed`: the baseline's metrics.jsonl is not the file its
+    run wrote (changed_since's phrase). Its values were used, but a change-bound gate against
+    it is baseline_differs (failed): a hand-edited baseline must never pass a gate."""
+    from evalbeam.transforms.outputs import WARNING, problem
+
+    return problem(WARNING, "baseline_changed",
+                   f"{where}the baseline's metrics.jsonl ({baseline}) is not the file its run "
+                   f"wrote: {phrase}; comparison.jsonl compares with its values as they are now"
+                   + ("; its change-bound gate checks are baseline_differs (failed)" if gated else ""))
 
 
 def data_differences(info: dict, baseline_info: dict, sidecar: dict | None = None,

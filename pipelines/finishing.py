@@ -43,10 +43,11 @@ class Finishing:
 
         info = dict(info)
         records = comparison.read_records(folder.temp("metrics.jsonl"))
-        baseline_records, rows, checks, differs = None, None, None, []
+        baseline_records, rows, checks, differs, changed = None, None, None, [], None
         if self.baseline:
+            baseline_metrics = comparison._join(self.baseline, "metrics.jsonl")
             try:
-                baseline_records = comparison.read_records(comparison._join(self.baseline, "metrics.jsonl"))
+                baseline_records = comparison.read_records(baseline_metrics)
             except Exception as error:    # changed since the run started: this run's metrics stand
                 baseline_records = []
                 info["problems"] = list(info.get("problems", [])) + [problem(
@@ -60,18 +61,22 @@ class Finishing:
                 except Exception:   # its metrics were read: the comparison stands without the check
                     baseline_info = None
                 if isinstance(baseline_info, dict):
+                    gated = any(g.needs_baseline for g in self.gates)
                     differs = comparison.data_differences(info, baseline_info)
                     if differs:
-                        gated = any(g.needs_baseline for g in self.gates)
                         info["problems"] = list(info.get("problems", [])) + [
                             comparison.differs_problem(differs, self.baseline, gated)]
+                    changed = comparison.changed_since(baseline_info, baseline_metrics)
+                    if changed:
+                        info["problems"] = list(info.get("problems", [])) + [
+                            comparison.changed_problem(changed, self.baseline, gated)]
             rows = comparison.compare(records, baseline_records)
             comparison.write_rows(rows, folder.temp(COMPARISON_JSONL))
             info["comparison"] = dict(comparison.comparison_summary(rows), baseline=self.baseline,
                                       file=COMPARISON_JSONL)
         if self.gates:
             checks = gating.evaluate(list(self.gates), records, baseline_records,
-                                     baseline_differs=differs)
+                                     baseline_differs=differs, baseline_changed=changed)
             write_json_atomic(gating.gates_document(checks, self.gates_source, self.baseline),
                               folder.temp(GATES_JSON))
             info["gates"] = dict(gating.summarize(checks), file=GATES_JSON)

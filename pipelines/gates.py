@@ -165,19 +165,15 @@ def parse_gates(tables, where: str) -> list[Gate]:
 
 
 def load_gates(path: str) -> list[Gate]:
-    """The gates of a TOML file (`[[gate]]` tables); raises UsageError for a missing or
-    malformed file."""
+    """The gates of a TOML file (`[[gate]]` tables), read through transforms.input_files (a
+    regular file of at most MAX_SETTINGS_BYTES, strict UTF-8, nested at most 64 levels); raises
+    UsageError for a missing, unusable or malformed file."""
+    from evalbeam.transforms.input_files import FileRefused, load_toml
+
     try:
-        import tomllib
-    except ModuleNotFoundError:    # Python 3.10
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as stream:
-            document = tomllib.load(stream)
-    except FileNotFoundError:
-        raise UsageError(f"--gates {path}: no such file") from None
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--gates {path}: not a readable TOML file ({error})") from None
+        document, _ = load_toml(path, what=f"--gates {path}")
+    except FileRefused as error:
+        raise UsageError(error.message) from None
     unknown = sorted(set(document) - {"gate"})
     if unknown:
         raise UsageError(f"--gates {path}: unknown table(s) {', '.join(unknown)}; a gate file holds "
@@ -327,12 +323,15 @@ def _fmt(x) -> str:
 
 
 def evaluate(gates: list[Gate], records, baseline_records=None, dataset: str | None = None,
-             baseline_differs: list[str] | None = None) -> list[dict]:
+             baseline_differs: list[str] | None = None,
+             baseline_changed: str | None = None) -> list[dict]:
     """Every check of every gate against a run's records (iterable of dicts) and, for change
     bounds, the baseline's (None: no baseline). dataset: the sweep cell's dataset (gates naming
     another dataset are skipped); checks then carry it. baseline_differs: what shows that the
     baseline was evaluated on other data (comparison.data_differences): a change-bound check is
-    then BASELINE_DIFFERS (failed), its numbers kept. Returns check dicts in gate order."""
+    then BASELINE_DIFFERS (failed), its numbers kept; so is it when baseline_changed says how
+    the baseline's metrics.jsonl changed since its run wrote it (comparison.changed_since).
+    Returns check dicts in gate order."""
     records = [r for r in records if r.get("type") != "Comparison" or
                any(g.metric == "Comparison" for g in gates)]
     by_key = {}
@@ -384,6 +383,12 @@ def evaluate(gates: list[Gate], records, baseline_records=None, dataset: str | N
                 checks.append(dict(check, verdict=BASELINE_DIFFERS, reason=(
                     "the baseline was evaluated on other data (" + "; ".join(baseline_differs)
                     + "): a change against it says nothing about a regression"
+                    + (f"; also {'; '.join(broken)}" if broken else ""))))
+                continue
+            if base is not None and baseline_changed:
+                checks.append(dict(check, verdict=BASELINE_DIFFERS, reason=(
+                    f"the baseline's metrics.jsonl is not the file its run wrote ({baseline_changed})"
+                    ": a change against edited values says nothing about a regression"
                     + (f"; also {'; '.join(broken)}" if broken else ""))))
                 continue
             checks.append(dict(check, verdict=FAIL if broken else PASS,

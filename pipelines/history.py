@@ -289,28 +289,18 @@ def _exists(path: str) -> bool:
 
 
 def _read_bytes(path: str) -> bytes:
-    if _is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
+    """A run's file, through transforms.input_files (a regular file, size bounded)."""
+    from evalbeam.transforms.input_files import MAX_OUTPUT_BYTES, read_bytes
 
-        with FileSystems.open(path) as stream:
-            return stream.read()
-    with open(path, "rb") as stream:
-        return stream.read()
+    return read_bytes(path, MAX_OUTPUT_BYTES)
 
 
 def _records(path: str):
-    """The records of metrics.jsonl, one at a time (a local file is streamed)."""
-    if _is_remote(path):
-        lines = _read_bytes(path).splitlines()
-    else:
-        lines = open(path, "rb")
-    try:
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-    finally:
-        if hasattr(lines, "close"):
-            lines.close()
+    """The records of metrics.jsonl, one at a time (transforms.input_files: bounded, strict)."""
+    from evalbeam.transforms.input_files import iter_json_lines
+
+    for _, record in iter_json_lines(path):
+        yield record
 
 
 # ----------------------------------------------------------------------------- names
@@ -651,7 +641,11 @@ def log_run(folder: str, tracking_uri: str, *, run_name: str | None = None,
     run_json = _join(folder, "run.json")
     if not _exists(run_json):
         raise FileNotFoundError(f"{folder} has no run.json: not an evalbeam run folder")
-    info = json.loads(_read_bytes(run_json))
+    from evalbeam.transforms.io import read_json
+
+    info = read_json(run_json)
+    if not isinstance(info, dict):
+        raise ValueError(f"{run_json} is not a run.json evalbeam wrote (not a JSON object)")
     status = info.get("status")
     if status in (None, "running"):
         raise ValueError(f"the run in {folder} has not finished (run.json status {status!r}); "

@@ -62,12 +62,10 @@ class RunFiles:
         """The parsed JSON lines of one of the run's files (nothing if it is absent)."""
         if not self.exists(name):
             return
-        from apache_beam.io.filesystems import FileSystems
+        from evalbeam.transforms.input_files import iter_json_lines
 
-        with FileSystems.open(self.path(name)) as stream:
-            for line in stream:
-                if line.strip():
-                    yield json.loads(line)
+        for _, value in iter_json_lines(self.path(name)):
+            yield value
 
 
 def _read_json(path: str):
@@ -835,14 +833,12 @@ def _responses(files: RunFiles, model: str, uids: set) -> dict:
                     if uid in uids:
                         found[uid] = response
                 continue
+            from evalbeam.schemas.safe_json import MAX_ROW_BYTES, iter_lines, loads_row
             from evalbeam.transforms.io import open_input
 
             with open_input(path) as stream:
-                for line in stream:
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        continue
+                for _, line in iter_lines(stream, MAX_ROW_BYTES):
+                    row = loads_row(line)[0] if line and line.strip() else None
                     if isinstance(row, dict) and row.get("datum_uid") in uids:
                         found[row["datum_uid"]] = row.get("response")
                         if len(found) == len(uids):

@@ -11,7 +11,6 @@ Reference: pipelines/segmentation.md.
 
 from __future__ import annotations
 
-import json
 
 from evalbeam.pipelines.common import UsageError, parse_optional_number
 from evalbeam.pipelines.task import TaskSpec
@@ -64,14 +63,12 @@ def parse_label_names(text: str | None) -> dict[int, str] | None:
     if text is None:
         return None
     if label_names_file(text):
-        from evalbeam.transforms.io import open_input
+        from evalbeam.transforms.input_files import MAX_SETTINGS_BYTES, FileRefused, load_json
 
-        try:
-            with open_input(text) as stream:   # a regular file, never a FIFO or a device
-                value = json.loads(stream.read().decode("utf-8"))
-        except Exception as error:
-            raise UsageError(f"cannot read --label_names file {text}: "
-                             f"{getattr(error, 'message', error)}") from None
+        try:   # a regular file, size and depth bounded, strict JSON
+            value = load_json(text, MAX_SETTINGS_BYTES, what=f"--label_names file {text}")
+        except FileRefused as error:
+            raise UsageError(error.message) from None
         items = list(enumerate(value)) if isinstance(value, list) else \
             list(value.items()) if isinstance(value, dict) else None
         if items is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from apache_beam.io.filesystems import FileSystems
 
 
 def printable(text) -> str:
@@ -17,11 +16,11 @@ def printable(text) -> str:
 def metric_records(metrics_path: str, comparisons: bool = False):
     """The records of metrics.jsonl: the task's own (comparisons=False) or only the Comparison
     records of --compare_to (comparisons=True)."""
-    with FileSystems.open(metrics_path) as stream:
-        for line in stream:
-            record = json.loads(line)
-            if (record["type"] == "Comparison") == comparisons:
-                yield record
+    from evalbeam.transforms.input_files import iter_json_lines
+
+    for _, record in iter_json_lines(metrics_path):
+        if (record["type"] == "Comparison") == comparisons:
+            yield record
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

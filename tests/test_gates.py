@@ -70,7 +70,7 @@ def test_a_gate_file_that_is_missing_or_not_toml_is_a_usage_error(tmp_path):
         gating.load_gates(str(tmp_path / "none.toml"))
     bad = tmp_path / "bad.toml"
     bad.write_text("[[gate]\nmetric=")
-    with pytest.raises(UsageError, match="not a readable TOML"):
+    with pytest.raises(UsageError, match="not valid TOML"):
         gating.load_gates(str(bad))
     empty = tmp_path / "empty.toml"
     empty.write_text("[other]\nx = 1\n")

@@ -106,8 +106,13 @@ def test_a_model_name_is_the_whole_name_never_one_with_a_final_newline():
 
     assert parse_model_spec("good=/data/p.jsonl") == ("good", "/data/p.jsonl")
     assert parse_model_spec("/data/model-b.jsonl.gz") == ("model-b", "/data/model-b.jsonl.gz")
-    # not a NAME=PATH: the whole text is a path, named after its file (a missing one, later)
-    assert parse_model_spec("good\n=/data/p.jsonl") == ("p", "good\n=/data/p.jsonl")
-    for spec in ("/data/p\n.jsonl", "/data/é.jsonl", "good\n"):
-        with pytest.raises(UsageError, match="write NAME="):
+    # a NAME=PATH whose NAME cannot be one: said so, with the characters a name may hold
+    for spec in ("good\n=/data/p.jsonl", "a<b=/data/p.jsonl", "y<z=/data/p.jsonl", "=/data/p.jsonl"):
+        with pytest.raises(UsageError, match="may hold only ASCII letters, digits") as error:
+            parse_model_spec(spec)
+        assert "write NAME=" not in str(error.value)
+    # a "=" after a "/" is part of a path, named after its file
+    assert parse_model_spec("/runs/date=2026-11-28/m.jsonl") == ("m", "/runs/date=2026-11-28/m.jsonl")
+    for spec in ("/data/p\n.jsonl", "/data/é.jsonl", "good\n", "/data/m<1>.jsonl"):
+        with pytest.raises(UsageError, match="may hold only ASCII letters.*write NAME="):
             parse_model_spec(spec)

@@ -34,6 +34,7 @@ from evalbeam.transforms.line_spans import (LineSpan, auto_split_bytes, count_ne
                                             plan_spans, span_of)
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.safe_json import MAX_ROW_BYTES, lone_surrogate
+from evalbeam.transforms.input_files import InputError, load_json
 
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
@@ -68,10 +69,6 @@ def truth_of(source: str) -> str:
 
 def is_truth(source: str) -> bool:
     return role_of(source) == GROUNDTRUTHS
-
-
-class InputError(Exception):
-    """An input that cannot be used at all: the run stops before it starts."""
 
 
 class _StrictDeflate:
@@ -912,8 +909,10 @@ def write_json(obj, path: str) -> None:
 
 
 def read_json(path: str):
-    with FileSystems.open(path) as stream:
-        return json.loads(stream.read().decode("utf-8"))
+    """The JSON of a file evalbeam wrote (run.json, gates.json, a mark), read as every such
+    file is: through transforms.input_files.load_json (a regular file, size and depth bounded,
+    strict JSON; FileMissing when absent, FileRefused otherwise)."""
+    return load_json(path)
 
 
 def join(folder: str, name: str) -> str:

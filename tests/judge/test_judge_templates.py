@@ -262,7 +262,7 @@ BROKEN = [
     ("example missing input", GOOD_JSON.replace('context = "c"\n', ""), "example 1"),
     ("example extra input", GOOD_JSON.replace('context = "c"\n', 'context = "c"\nother = "x"\n'), "example 1"),
     ("no examples", GOOD_JSON.split("[[examples]]")[0], "examples"),
-    ("bad TOML", GOOD_JSON.replace('version = "1"', "version = "), "invalid TOML"),
+    ("bad TOML", GOOD_JSON.replace('version = "1"', "version = "), "not valid TOML"),
     ("number without numbers", GOOD_NUMBER.replace("numbers = [0, 1, 2]\n", ""), "numbers"),
     ("number example not allowed", GOOD_NUMBER.replace('output = "2"', 'output = "3"'), "example 1"),
     ("number example with words", GOOD_NUMBER.replace('output = "2"', 'output = "2 because"'), "example 1"),
@@ -280,7 +280,7 @@ def test_broken_files_raise_template_error_naming_the_file(tmp_path, case, text,
 
 
 def test_missing_file_and_unknown_bundled_name(tmp_path):
-    with pytest.raises(TemplateError, match="cannot read"):
+    with pytest.raises(TemplateError, match="no such file"):
         load_template_file(str(tmp_path / "absent.toml"))
     with pytest.raises(TemplateError, match="unknown template"):
         load_template("../templates")
@@ -349,7 +349,7 @@ BYOP_BROKEN = [
     ("bad name", PASS_FAIL.replace('"polite"', '"no spaces allowed"'), "name"),
     ("bundled name", PASS_FAIL.replace('"polite"', '"sexism"'), "bundled"),
     ("bad example", NUMERIC.replace('"score": 4.5', '"score": 7'), "example 1"),
-    ("bad TOML", PASS_FAIL.replace('version = "2"', 'version = "2'), "invalid TOML"),
+    ("bad TOML", PASS_FAIL.replace('version = "2"', 'version = "2'), "not valid TOML"),
 ]
 
 
@@ -366,8 +366,8 @@ def test_byop_path_that_is_no_template_file_is_refused_without_reading_it(tmp_pa
     nested 5,000 deep made tomllib raise RecursionError (a traceback)."""
     pipe = tmp_path / "pipe.toml"
     os.mkfifo(pipe)
-    cases = [(write(tmp_path, "a = " + "[" * 5000 + "]" * 5000 + "\n", "deep.toml"), "nested too deeply"),
-             (write(tmp_path, "# " + "x" * (2 << 20) + "\n", "big.toml"), "a template may have at most"),
+    cases = [(write(tmp_path, "a = " + "[" * 5000 + "]" * 5000 + "\n", "deep.toml"), "nested deeper than 64 levels"),
+             (write(tmp_path, "# " + "x" * (2 << 20) + "\n", "big.toml"), "more than the 1,048,576 bytes"),
              (str(pipe), "not a regular file"), ("/dev/zero", "not a regular file")]
     for path, needle in cases:
         with pytest.raises(TemplateError) as error:

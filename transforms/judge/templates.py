@@ -17,10 +17,7 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import re
-import stat
-import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -169,22 +166,15 @@ MAX_TEMPLATE_BYTES = 1 << 20
 
 
 def _read_toml(path: str) -> dict:
-    """The TOML of a template file, which must be a regular file of at most MAX_TEMPLATE_BYTES
-    (a pipe would block, /dev/zero never ends); TemplateError otherwise."""
+    """The TOML of a template file, read through transforms.input_files: a regular file of at
+    most MAX_TEMPLATE_BYTES (a pipe would block, /dev/zero never ends), strict UTF-8, nested at
+    most 64 levels; TemplateError otherwise."""
+    from evalbeam.transforms.input_files import FileRefused, load_toml
+
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            _fail(path, "not a regular file (a pipe, device or folder cannot be a template)")
-        if info.st_size > MAX_TEMPLATE_BYTES:
-            _fail(path, f"{info.st_size:,} bytes; a template may have at most {MAX_TEMPLATE_BYTES:,}")
-        with open(path, "rb") as stream:
-            return tomllib.load(stream)
-    except tomllib.TOMLDecodeError as error:
-        _fail(path, f"invalid TOML: {error}")
-    except RecursionError:
-        _fail(path, "invalid TOML: arrays or tables nested too deeply")
-    except (OSError, UnicodeDecodeError) as error:
-        _fail(path, f"cannot read the file: {error}")
+        return load_toml(path, MAX_TEMPLATE_BYTES)[0]
+    except FileRefused as error:
+        raise TemplateError(error.message) from None
 
 
 def _fail(path, problem: str):
