@@ -180,15 +180,70 @@ def model_uris(values: list[str]) -> dict:
     return out
 
 
-def check_model_folder(option: str, uri: str, needed: tuple, what: str) -> None:
-    """A model for the workers (--lm_uri, --model_uri): ONNX Runtime must be installed, the
-    folder must hold the `needed` files, its model.onnx must be a whole ONNX model
-    (onnx_file_problem) and its tokenizer.json must load; else UsageError (one paragraph),
-    before anything is read or written. what: the kind of model, for the message."""
+# Real models have more output (and embedding) rows than their tokenizer has ids: the rows are
+# padded for faster matrix products. GPT-2's 50,257 tokens with logits padded to 50,304
+# (nanoGPT), Qwen2's 151,646 tokens of 151,936 rows, T5's 32,100 of 32,128, Phi-2's 50,295 of
+# 51,200: 98% or more of the rows, the gap up to 905 rows, more than padding to a multiple of
+# 128 or 256 would leave (Qwen2: 290, Phi-2: 905). So a ratio, not a gap: a tokenizer covering
+# fewer than this fraction of the rows is most likely another model's (a warning: the run still
+# computes, and a user who means it can ignore it).
+MIN_VOCABULARY_COVERED = 0.9
+# ... unless the rows are its size rounded up to one of these multiples, which is what padding
+# does (nanoGPT 64, Megatron-LM 128) and more than 10% of a vocabulary below 1,280 ids: a test
+# model's 50 tokens of 64 logits.
+PADDING_MULTIPLES = (64, 128)
+
+
+def vocabulary_far_smaller(tokens: int, rows: int) -> bool:
+    """Whether a tokenizer of `tokens` ids is far smaller than a model taking `rows` ids: under
+    MIN_VOCABULARY_COVERED of them, and rows not tokens rounded up to a PADDING_MULTIPLES."""
+    if tokens >= MIN_VOCABULARY_COVERED * rows:
+        return False
+    return not any(rows == -(-tokens // multiple) * multiple for multiple in PADDING_MULTIPLES)
+
+
+def _model_vocabulary(option: str, uri: str, found, causal: bool) -> tuple | None:
+    """(the number of token ids the model takes, what says so) or None when unknown: the
+    smallest of a causal LM's logits (their last dimension) and the rows of the embedding table
+    input_ids index, read from the graph (onnx_file.read_onnx_file); else config.json's
+    vocab_size when the folder has one."""
     from apache_beam.io.filesystems import FileSystems
 
-    from evalbeam.transforms.judge.local_models import missing_runtime, read_tokenizer
-    from evalbeam.transforms.judge.onnx_file import onnx_file_problem
+    from evalbeam.transforms.input_files import MAX_SETTINGS_BYTES, FileRefused, load_json
+
+    sizes = []
+    if causal and found.logits:
+        sizes.append((found.logits, f"its logits have {found.logits:,} entries, one per token id"))
+    if found.embedding:
+        name, rows = found.embedding
+        sizes.append((rows, f"its embedding table {repr(name)[:60]} has {rows:,} rows"))
+    config = FileSystems.join(uri.rstrip("/"), "config.json")
+    if not sizes and FileSystems.exists(config):
+        try:
+            value = load_json(config, MAX_SETTINGS_BYTES, f"{option}: config.json")
+        except FileRefused as error:
+            raise UsageError(error.message) from None
+        size = value.get("vocab_size") if isinstance(value, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            sizes.append((size, f"its config.json's vocab_size is {size:,}"))
+    return min(sizes, key=lambda pair: pair[0]) if sizes else None
+
+
+def check_model_folder(option: str, uri: str, needed: tuple, what: str, causal: bool = False) -> str | None:
+    """A model for the workers (--lm_uri, --model_uri): ONNX Runtime must be installed, the
+    folder must hold the `needed` files, each a regular file within its size bound (read through
+    transforms.input_files, as the workers read them), its model.onnx must be a whole ONNX model
+    (onnx_file.read_onnx_file), its tokenizer.json must load, and the tokenizer's ids must be
+    ids the model takes (below its logits' size for a causal LM, below its embedding table's
+    rows, else below config.json's vocab_size; unknown sizes are not checked); else UsageError
+    (one paragraph), before anything is read or written. Returns a warning for run.json's
+    problems when the tokenizer is far smaller than the model (vocabulary_far_smaller), else
+    None. what: the kind of model, for the message."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.input_files import MAX_MODEL_BYTES, FileRefused, open_bounded
+    from evalbeam.transforms.judge.local_models import missing_runtime, read_tokenizer, tokenizer_size
+    from evalbeam.transforms.judge.onnx_file import OnnxFile, read_onnx_file
 
     problem = missing_runtime(option.split()[0])
     if problem:
@@ -205,20 +260,42 @@ def check_model_folder(option: str, uri: str, needed: tuple, what: str) -> None:
                          f"ONNX export of {what} ({', '.join(needed)}; pipelines/text.md)")
     path = FileSystems.join(uri.rstrip("/"), "model.onnx")
     try:
-        with FileSystems.open(path) as stream:
-            problem = onnx_file_problem(stream)
+        with open_bounded(path, MAX_MODEL_BYTES, f"{option}: model.onnx") as stream:
+            found = read_onnx_file(stream)
+    except FileRefused as error:    # not a regular file (a FIFO, /dev/zero), too large
+        raise UsageError(error.message) from None
     except OSError as error:
-        problem = f"it cannot be read ({error})"
-    if problem:
-        raise UsageError(f"{option}: model.onnx is not a model ONNX Runtime can load: {problem}. "
+        found = OnnxFile(f"it cannot be read ({error})")
+    if found.problem:
+        raise UsageError(f"{option}: model.onnx is not a model ONNX Runtime can load: {found.problem}. "
                          f"The folder must hold an ONNX export of {what}; export it again or copy "
                          "it whole (pipelines/text.md).")
     try:
-        read_tokenizer(uri)
+        tokenizer = read_tokenizer(uri, f"{option}: tokenizer.json")
+    except FileRefused as error:
+        raise UsageError(error.message) from None
     except Exception as error:  # the tokenizers library raises plain Exception for a bad file
         raise UsageError(f"{option}: tokenizer.json cannot be read as a Hugging Face tokenizer "
                          f"({type(error).__name__}: {str(error)[:200]}); copy it again from the "
                          "model's export (pipelines/text.md).") from None
+    known = _model_vocabulary(option, uri, found, causal)
+    tokens, last = tokenizer_size(tokenizer)
+    if known is None or not tokens:
+        return None
+    rows, source = known
+    if tokens > rows:
+        raise UsageError(f"{option}: tokenizer.json's token ids go up to {tokens - 1:,} "
+                         f"({repr(last)[:40]}), but the model takes ids below {rows:,} only "
+                         f"({source}): the tokenizer is another model's, and every text holding "
+                         "such a token would fail. Use the tokenizer.json of this model's export "
+                         "(pipelines/text.md, Model vocabularies).")
+    if vocabulary_far_smaller(tokens, rows):
+        return (f"{option}: tokenizer.json has {tokens:,} token ids, under "
+                f"{MIN_VOCABULARY_COVERED:.0%} of the {rows:,} the model takes ({source}) and more "
+                "than padding explains: it is most likely another model's tokenizer, and the "
+                "scores, computed with it, are then not this model's. Check that tokenizer.json "
+                "comes from this model's export (pipelines/text.md, Model vocabularies).")
+    return None
 
 
 def bertscore_baseline(text: str | None) -> tuple | None:
@@ -235,14 +312,17 @@ def bertscore_baseline(text: str | None) -> tuple | None:
     return values
 
 
-def classifier_models(values: list[str], key_env: str | None = None, timeout_s: float | None = None) -> tuple:
+def classifier_models(values: list[str], key_env: str | None = None, timeout_s: float | None = None,
+                      warnings: list | None = None) -> tuple:
     """((metric, folder or URL, label names), ...) of the --model_uri options, each checked: a
     folder must hold model.onnx, tokenizer.json and config.json with readable labels (ONNX
-    Runtime installed); a scoring endpoint must answer its labels (scoring.labels_of, with the
-    key of the variable key_env). Raises UsageError (one paragraph) before anything runs."""
+    Runtime installed; check_model_folder, whose warnings are appended to `warnings`); a scoring
+    endpoint must answer its labels (scoring.labels_of, with the key of the variable key_env).
+    Raises UsageError (one paragraph) before anything runs."""
     uris = model_uris(values)
     if not uris:
         return ()
+    from evalbeam.transforms.input_files import FileRefused
     from evalbeam.transforms.judge import scoring
     from evalbeam.transforms.judge.local_classifier import read_config
 
@@ -266,25 +346,32 @@ def classifier_models(values: list[str], key_env: str | None = None, timeout_s: 
                                  "(pipelines/text.md, Scoring endpoints).") from None
             out.append((metric, uri, labels))
             continue
+        option = f"--model_uri {metric}={uri}"
         if metric == "BERTScore":
-            check_model_folder(f"--model_uri {metric}={uri}", uri, ("model.onnx", "tokenizer.json"),
-                               "a text encoder")
+            found = check_model_folder(option, uri, ("model.onnx", "tokenizer.json"), "a text encoder")
+        else:
+            found = check_model_folder(option, uri, ("model.onnx", "tokenizer.json", "config.json"),
+                                       "a text classifier")
+        if found and warnings is not None:
+            warnings.append(found)
+        if metric == "BERTScore":
             out.append((metric, uri, ()))
             continue
-        check_model_folder(f"--model_uri {metric}={uri}", uri, ("model.onnx", "tokenizer.json", "config.json"),
-                           "a text classifier")
         try:
-            labels = read_config(uri)["labels"]
+            labels = read_config(uri, f"{option}: config.json")["labels"]
+        except FileRefused as error:
+            raise UsageError(error.message) from None
         except (ValueError, TypeError, AttributeError) as error:
-            raise UsageError(f"--model_uri {metric}={uri}: config.json cannot be read ({error})") from None
+            raise UsageError(f"{option}: config.json cannot be read ({error})") from None
         out.append((metric, uri, tuple(labels)))
     return tuple(out)
 
 
-def judge_setup(args, beam_args: list[str], needs_url: bool = True):
+def judge_setup(args, beam_args: list[str], needs_url: bool = True, warnings: list | None = None):
     """(JudgeSettings, JudgeMetricConfig, journal root) from the parsed options. needs_url
     False: only metrics that models on the workers answer are asked (--lm_uri, --model_uri),
-    so no endpoint is needed."""
+    so no endpoint is needed. warnings: a list the checks of --model_uri folders append their
+    warnings to (classifier_models)."""
     from evalbeam.transforms.judge.metrics import JudgeMetricConfig
     from evalbeam.transforms.judge.templates import TemplateError, load_byop
     from evalbeam.transforms.judge.transform import JudgeSettings
@@ -322,7 +409,7 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True):
     workers = args.judge_workers or _workers(beam_args)
     if args.lm_batch_size < 1:
         raise UsageError("--lm_batch_size must be 1 or more")
-    classifiers = classifier_models(args.model_uri, args.model_api_key_env)
+    classifiers = classifier_models(args.model_uri, args.model_api_key_env, warnings=warnings)
     settings = JudgeSettings(
         url=args.judge_url or "", lm_uri=args.lm_uri or None, lm_batch_size=args.lm_batch_size,
         model_threads=model_threads(args.model_threads, beam_args),

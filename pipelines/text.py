@@ -93,9 +93,11 @@ def configure(args) -> TextConfig:
     metrics = parse_metrics(args.metrics, bool(args.judge_url), bool(args.judge_byop), bool(args.lm_uri),
                             classifiers)
     judge = {}
+    warnings: list = []     # the model folders' checks' (check_model_folder), for run.json
     if args.lm_uri and metrics & set(LIKELIHOOD_METRICS):
-        check_model_folder(f"--lm_uri {args.lm_uri}", args.lm_uri, ("model.onnx", "tokenizer.json"),
-                           "a causal language model")
+        warnings.append(check_model_folder(f"--lm_uri {args.lm_uri}", args.lm_uri,
+                                           ("model.onnx", "tokenizer.json"), "a causal language model",
+                                           causal=True))
     unserved = sorted(set(CLASSIFIER_METRICS) & metrics - set(classifiers))
     if unserved:
         raise UsageError(f"{', '.join(unserved)} need their classifier: --model_uri "
@@ -105,13 +107,18 @@ def configure(args) -> TextConfig:
 
         local = set(CLASSIFIER_METRICS) | (set(LIKELIHOOD_METRICS) if args.lm_uri else set())
         needs_url = bool(metrics & (set(JUDGE_METRICS) - local))
-        settings, judge_config, journal = judge_setup(args, args.beam_args, needs_url)
+        settings, judge_config, journal = judge_setup(args, args.beam_args, needs_url, warnings)
         if "BYOP" in metrics and not judge_config.byop:
             raise UsageError("metric BYOP needs at least one --judge_byop FILE")
         judge = dict(judge=judge_config, judge_settings=settings, journal_root=journal)
+    from evalbeam.transforms.outputs import WARNING, problem
+
+    model_problems = tuple(problem(WARNING, "tokenizer_smaller_than_model", text)
+                           for text in warnings if text)
     config = TextConfig(metrics=metrics, rouge_types=rouge_types,
                         rouge_use_stemmer=args.rouge_use_stemmer, bleu_weights=tuple(weights),
-                        max_text_chars=args.max_text_chars, judge_max_failed_fraction=args.judge_max_failed_fraction, **judge)
+                        max_text_chars=args.max_text_chars, judge_max_failed_fraction=args.judge_max_failed_fraction,
+                        model_problems=model_problems, **judge)
     settings = config.judge_settings
     if settings is not None and settings.url and not settings.dry_run and not args.judge_skip_check:
         from evalbeam.pipelines.judge_options import check_judge

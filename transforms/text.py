@@ -356,8 +356,9 @@ class EvaluateTextFiles(beam.PTransform):
     """Text row files (job.sources) -> Evaluated (transforms.evaluated). Per-datum scores are
     written to job.temp("scores.jsonl") (extra output "scores.jsonl"); with judge metrics, the
     report is run.json's "judge" section and the problems are the judge's failures
-    (transforms.judge.report). Evaluated.presence: with job.bootstrap and job.compare_to, or
-    with job.presence; Evaluated.outcomes: with job.bootstrap and job.compare_to."""
+    (transforms.judge.report); the problems hold config.model_problems too.
+    Evaluated.presence: with job.bootstrap and job.compare_to, or with job.presence;
+    Evaluated.outcomes: with job.bootstrap and job.compare_to."""
 
     def __init__(self, config: TextConfig, job):
         super().__init__()
@@ -385,9 +386,11 @@ class EvaluateTextFiles(beam.PTransform):
         n_scores = (score_parts
                     | "GatherScoreParts" >> beam.combiners.ToList()
                     | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
+        # the checks before the run found these (config.model_problems)
+        found = pbegin | "ModelProblems" >> beam.Create(list(self.config.model_problems))
         if self.config.judge is None:
-            return Evaluated(metrics, rejected, stats, pbegin | "NoProblems" >> beam.Create([]),
-                             {"scores.jsonl": n_scores}, presence=presence, outcomes=outcomes)
+            return Evaluated(metrics, rejected, stats, found, {"scores.jsonl": n_scores},
+                             presence=presence, outcomes=outcomes)
         # the judge metrics' records of the whole dataset: their status counts decide the status
         judged = metrics | "JudgedRecords" >> beam.Filter(
             lambda record: "counts" in record and record["slice"] == {})
@@ -396,6 +399,7 @@ class EvaluateTextFiles(beam.PTransform):
             lambda r, records, allowed: judge_problems(list(records), allowed,
                                                        r["judge"]["error_samples"]),
             beam.pvalue.AsList(judged), self.config.judge_max_failed_fraction)
+        problems = (problems, found) | "AllProblems" >> beam.Flatten()
         return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report,
                          presence, outcomes)
 

@@ -255,3 +255,189 @@ def test_a_server_echoing_the_key_cannot_put_it_in_the_outputs(tmp_path):
         assert key not in text, path
     journal = "".join(p.read_text() for p in files if "journal" in str(p))
     assert "seen Bearer ***" in journal
+
+
+# ------------------------------------------------- the tokenizer's ids against the model's size
+
+def with_tokenizer_of(folder: Path, other: Path) -> Path:
+    """The model of `folder` with the tokenizer.json of the model folder `other`."""
+    (folder / "tokenizer.json").write_bytes((other / "tokenizer.json").read_bytes())
+    return folder
+
+
+def test_the_vocabulary_rule_on_real_models():
+    """A tokenizer is far smaller than its model under 90% of the model's rows, unless the rows
+    are its size rounded up to a multiple of 64 or 128: padded real models pass, a tokenizer of
+    another model family does not."""
+    from evalbeam.pipelines.judge_options import vocabulary_far_smaller
+
+    padded = [(50_257, 50_304),     # GPT-2's tokenizer, logits padded to a multiple of 64
+              (151_646, 151_936),   # Qwen2
+              (32_100, 32_128),     # T5
+              (50_295, 51_200),     # Phi-2: 905 rows more, 98.2%
+              (50, 64), (900, 1_024), (400, 400), (37, 37)]
+    for tokens, rows in padded:
+        assert not vocabulary_far_smaller(tokens, rows), (tokens, rows)
+    for tokens, rows in [(6, 37), (30, 37), (50_257, 128_256), (32_000, 151_936), (50, 65)]:
+        assert vocabulary_far_smaller(tokens, rows), (tokens, rows)
+
+
+def test_a_weights_header_is_read_whether_its_dims_are_packed_or_not():
+    """A TensorProto's dims, one varint per field (onnx's own writer) or packed (proto3 writers),
+    and its name are read without its data; a packed field that runs past its end is malformed."""
+    import io
+
+    import onnx
+
+    from evalbeam.transforms.judge.onnx_file import _Malformed, _tensor_header
+
+    packed = bytes([0x0A, 0x02, 37, 8, 0x42, 0x03]) + b"emb" + bytes([0x4A, 0x04]) + b"\0" * 4
+    assert list(onnx.TensorProto.FromString(packed).dims) == [37, 8]
+    unpacked = onnx.numpy_helper.from_array(np.zeros((37, 8), np.float32), "emb").SerializeToString()
+    for data in (packed, unpacked):
+        assert _tensor_header(io.BytesIO(data), 0, len(data)) == ("emb", [37, 8], False)
+    broken = bytes([0x0A, 0x02, 37, 0x88, 0x01])    # the second varint ends past the field
+    with pytest.raises(_Malformed, match="packed dims run past"):
+        _tensor_header(io.BytesIO(broken), 0, len(broken))
+
+
+def test_a_tokenizer_with_ids_the_model_lacks_stops_before_the_run(tmp_path, capsys):
+    """A tokenizer whose ids reach the model's logits (a causal LM) or its embedding table's rows
+    (a classifier, an encoder), or config.json's vocab_size when the graph does not tell: exit 2,
+    one paragraph naming both sizes, nothing written (before: the run started and every datum
+    holding such a token failed on the workers)."""
+    import onnx
+    from onnx import helper
+
+    from tiny_models import write_tiny_causal_lm, write_tiny_classifier, write_tiny_encoder
+
+    few = ("the", "red", "tower")
+    full_lm = write_tiny_causal_lm(tmp_path / "full_lm")
+    full_classifier = write_tiny_classifier(tmp_path / "full_classifier", ["toxic"])
+    lm = with_tokenizer_of(write_tiny_causal_lm(tmp_path / "lm", words=few), full_lm)
+    toxic = with_tokenizer_of(write_tiny_classifier(tmp_path / "tox", ["toxic"], words=few), full_classifier)
+    encoder = with_tokenizer_of(write_tiny_encoder(tmp_path / "enc", words=few), full_classifier)
+    # a graph that hides its table behind an Identity: config.json's vocab_size tells the size
+    hidden = write_tiny_classifier(tmp_path / "hidden", ["toxic"])
+    model = onnx.load(str(hidden / "model.onnx"))
+    model.graph.node[0].input[0] = "table"
+    model.graph.node.insert(0, helper.make_node("Identity", ["embedding"], ["table"]))
+    onnx.save(model, str(hidden / "model.onnx"))
+    config = json.loads((hidden / "config.json").read_text())
+    (hidden / "config.json").write_text(json.dumps(dict(config, vocab_size=20)))
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q", "references": ["r"]}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "the red tower ."}])
+    base = ["text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", tmp_path / "out"]
+    for options, said in [
+            (["--metrics", "Perplexity", "--lm_uri", lm],
+             f"--lm_uri {lm}: tokenizer.json's token ids go up to 36 ('!'), but the model takes ids "
+             "below 5 only (its logits have 5 entries, one per token id)"),
+            (["--metrics", "ToxicityClassifier", "--model_uri", f"ToxicityClassifier={toxic}"],
+             "go up to 37 ('!'), but the model takes ids below 6 only (its embedding table "
+             "'embedding' has 6 rows)"),
+            (["--metrics", "BERTScore", "--model_uri", f"BERTScore={encoder}"],
+             "below 6 only (its embedding table 'embedding' has 6 rows)"),
+            (["--metrics", "ToxicityClassifier", "--model_uri", f"ToxicityClassifier={hidden}"],
+             "below 20 only (its config.json's vocab_size is 20)")]:
+        done = run_cli_here(base + options, capsys)
+        assert done.returncode == 2, (options, done.stderr)
+        assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_far_smaller_than_its_model_is_a_warning_on_two_workers(tmp_path):
+    """The issue's case, a 6-id tokenizer given with a model of 37 logits (and a classifier of
+    38 embedding rows given a 6-id tokenizer): the run computes (exit 0, complete, every datum
+    ok) and says it in run.json's problems and on stderr after the summary (before: complete
+    with no word, and a Perplexity of another tokenizer's ids)."""
+    from tiny_models import write_tiny_causal_lm, write_tiny_classifier
+
+    few = ("the", "red", "tower", ".")
+    lm = with_tokenizer_of(write_tiny_causal_lm(tmp_path / "lm"),
+                           write_tiny_causal_lm(tmp_path / "few_lm", words=few))
+    toxic = with_tokenizer_of(write_tiny_classifier(tmp_path / "tox", ["toxic"]),
+                              write_tiny_classifier(tmp_path / "few_tox", ["toxic"], words=few[:3]))
+    done = run(tmp_path, "out", "--metrics", "Perplexity,ToxicityClassifier", "--lm_uri", lm,
+               "--model_uri", f"ToxicityClassifier={toxic}", "--direct_running_mode",
+               "multi_processing", "--direct_num_workers", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.load(open(tmp_path / "out" / "run.json", encoding="utf-8"))
+    assert info["status"] == "complete"
+    warned = [p for p in info["problems"] if p["code"] == "tokenizer_smaller_than_model"]
+    assert [p["severity"] for p in warned] == ["warning", "warning"]
+    by_option = {p["message"].split(":")[0]: p["message"] for p in warned}
+    assert by_option[f"--lm_uri {lm}"].startswith(
+        f"--lm_uri {lm}: tokenizer.json has 6 token ids, under 90% of the 37 the model takes "
+        "(its logits have 37 entries, one per token id)")
+    assert "tokenizer.json has 6 token ids, under 90% of the 38 the model takes (its embedding table " \
+           "'embedding' has 38 rows)" in by_option[f"--model_uri ToxicityClassifier={toxic}"]
+    for p in warned:
+        assert f"evalbeam: warning: {p['message']}" in done.stderr
+    assert {status for status, _ in statuses(tmp_path / "out").values()} == {"ok"}
+
+
+def test_a_tokenizer_padding_explains_passes_without_a_word(tmp_path):
+    """50 token ids of a model with 64 logits (the rows rounded up to a multiple of 64), and the
+    tiny models' own tokenizers: no warning; 30 ids of 37 logits: a warning."""
+    from evalbeam.pipelines.judge_options import check_model_folder
+    from tiny_models import WORDS, write_tiny_causal_lm, write_tiny_classifier, write_tiny_encoder
+
+    words = list(WORDS) + [f"w{i}" for i in range(62 - len(WORDS))]
+    lm = with_tokenizer_of(write_tiny_causal_lm(tmp_path / "lm", words=words),
+                           write_tiny_causal_lm(tmp_path / "tokens", words=words[:48]))
+    assert len(json.loads((lm / "tokenizer.json").read_text())["model"]["vocab"]) == 50
+    needs = ("model.onnx", "tokenizer.json")
+    assert check_model_folder("--lm_uri x", str(lm), needs, "an LM", causal=True) is None
+    for folder, causal in ((write_tiny_causal_lm(tmp_path / "own_lm"), True),
+                           (write_tiny_classifier(tmp_path / "own", ["a"]), False),
+                           (write_tiny_encoder(tmp_path / "own_enc"), False)):
+        assert check_model_folder("--x", str(folder), needs, "a model", causal=causal) is None
+    near = with_tokenizer_of(write_tiny_causal_lm(tmp_path / "near"),
+                             write_tiny_causal_lm(tmp_path / "near_tokens", words=WORDS[:28]))
+    assert "tokenizer.json has 30 token ids, under 90% of the 37" in check_model_folder(
+        "--lm_uri x", str(near), needs, "an LM", causal=True)
+
+
+@pytest.mark.parametrize("special", ["dev_zero", "fifo"])
+def test_a_model_file_that_is_not_a_regular_file_is_refused(tmp_path, capsys, special):
+    """model.onnx, tokenizer.json or config.json a symlink to /dev/zero or a FIFO, for --lm_uri
+    and --model_uri: exit 2 at once, one paragraph naming the option and the file, nothing
+    written (before: /dev/zero as model.onnx was "empty", as tokenizer.json or config.json it
+    was read without end; a FIFO blocked the launcher). On the workers the same files fail
+    each text (model_error), never hang a worker."""
+    import asyncio
+
+    from evalbeam.transforms.judge.local_classifier import LocalClassifier
+    from evalbeam.transforms.judge.local_lm import LocalLM
+    from evalbeam.transforms.judge.local_models import ModelError
+    from tiny_models import write_tiny_causal_lm, write_tiny_classifier
+
+    def spoil(folder: Path, name: str) -> Path:
+        (folder / name).unlink()
+        if special == "fifo":
+            os.mkfifo(folder / name)
+        else:
+            os.symlink("/dev/zero", folder / name)
+        return folder
+
+    gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"datum_uid": "a", "response": "the red tower ."}])
+    base = ["text", "--groundtruths", gt, "--predictions", f"m={pred}", "--output", tmp_path / "out"]
+    for name in ("model.onnx", "tokenizer.json"):
+        lm = spoil(write_tiny_causal_lm(tmp_path / f"lm_{name}"), name)
+        done = run_cli_here(base + ["--metrics", "Perplexity", "--lm_uri", lm], capsys)
+        assert done.returncode == 2, done.stderr
+        assert f"--lm_uri {lm}: {name}: not a regular file" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+        with pytest.raises(ModelError, match="not a regular file"):
+            asyncio.run(LocalLM(str(lm)).ask("the red tower"))
+    for name in ("model.onnx", "tokenizer.json", "config.json"):
+        toxic = spoil(write_tiny_classifier(tmp_path / f"tox_{name}", ["toxic"]), name)
+        done = run_cli_here(base + ["--metrics", "ToxicityClassifier", "--model_uri",
+                                    f"ToxicityClassifier={toxic}"], capsys)
+        assert done.returncode == 2, done.stderr
+        assert f"--model_uri ToxicityClassifier={toxic}: {name}: not a regular file" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+        with pytest.raises(ModelError, match="not a regular file"):
+            asyncio.run(LocalClassifier(str(toxic)).ask("the red tower"))

@@ -23,7 +23,6 @@ The answer of one text: {"labels": [name], "probabilities": [float]}.
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -35,13 +34,18 @@ PAIR_FIELDS = re.compile(r"\{text[12]\}")
 MAX_PROMPT_CHARS = 4096     # HHEM-2.1-Open's prompt is under 100
 
 
-def read_config(uri: str) -> dict:
+def read_config(uri: str, what: str | None = None) -> dict:
     """{"labels": [names in index order], "multi_label": bool, "prompt": str or None} of a model
-    folder's config.json."""
+    folder's config.json, read through transforms.input_files (a regular file of at most
+    MAX_SETTINGS_BYTES, strict JSON; FileRefused otherwise, `what` naming it), on the launcher
+    and on the workers alike."""
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(FileSystems.join(uri.rstrip("/"), "config.json")) as stream:
-        config = json.loads(stream.read().decode("utf-8"))
+    from evalbeam.transforms.input_files import MAX_SETTINGS_BYTES, load_json
+
+    config = load_json(FileSystems.join(uri.rstrip("/"), "config.json"), MAX_SETTINGS_BYTES, what)
+    if not isinstance(config, dict):
+        raise ValueError("it is not a JSON object")
     id2label = config.get("id2label") or {}
     size = len(id2label) or int(config.get("num_labels", 1))
     labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(size)]

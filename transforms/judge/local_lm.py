@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from evalbeam.transforms.judge.local_models import BatchedModel, ModelError, padded_feeds
+from evalbeam.transforms.judge.local_models import (BatchedModel, ModelError, model_handler_class, padded_feeds,
+                                                     read_model)
 
 NEXT_IDS = "evalbeam_next_ids"
 TOKEN_LOGPROBS = "evalbeam_token_logprobs"
@@ -69,18 +70,15 @@ def causal_lm_inference(session, batch, inference_args=None) -> list:
 
 
 def _handler_class():
-    from apache_beam.ml.inference.onnx_inference import OnnxModelHandlerNumpy
-
-    class NextTokenHandler(OnnxModelHandlerNumpy):
-        """Beam's RunInference handler for ONNX, loading the model with_next_token_logprobs."""
+    class NextTokenHandler(model_handler_class()):
+        """Beam's RunInference handler for ONNX, loading the model (read_model: a regular file,
+        size bounded) with_next_token_logprobs."""
 
         def load_model(self):
             import onnx
             import onnxruntime
-            from apache_beam.io.filesystems import FileSystems
 
-            with FileSystems.open(self._model_uri) as stream:
-                model = with_next_token_logprobs(onnx.load(stream))
+            model = with_next_token_logprobs(onnx.load_model_from_string(read_model(self._model_uri)))
             return onnxruntime.InferenceSession(model.SerializeToString(),
                                                 sess_options=self._session_options,
                                                 providers=self._providers)

@@ -2,9 +2,10 @@
 and the encoder (local_encoder.py) share.
 
 Each model runs in ONNX Runtime through Beam's RunInference model handler for ONNX
-(apache_beam.ml.inference.onnx_inference.OnnxModelHandlerNumpy, or a subclass): it loads the
-model from any Beam filesystem, and `Shared` keeps one loaded copy per worker process whatever
-the number of DoFn instances. The judge session (session.py) hands a model the requests of its
+(apache_beam.ml.inference.onnx_inference.OnnxModelHandlerNumpy, subclassed so that model.onnx
+is read through transforms.input_files as every file of the folder is: read_model,
+read_tokenizer), from any Beam filesystem, and `Shared` keeps one loaded copy per worker process
+whatever the number of DoFn instances. The judge session (session.py) hands a model the requests of its
 kind. A request is queued, and every request queued while the datums of a bundle wait is run
 together: sorted by length, in right-padded batches of at most `batch_size` texts and
 MAX_BATCH_TOKENS padded tokens (batches()). A batch the runtime refuses is retried one text at a
@@ -83,16 +84,57 @@ def padded_feeds(session, batch: list) -> tuple[dict, list[int]]:
     return feeds, lengths
 
 
-def read_tokenizer(uri: str):
+def read_tokenizer(uri: str, what: str | None = None):
     """The `tokenizers` tokenizer of a model folder (tokenizer.json, any Beam filesystem),
-    without padding: texts are padded into batches by padded_feeds."""
+    without padding: texts are padded into batches by padded_feeds. The file is read through
+    transforms.input_files (a regular file of at most MAX_TOKENIZER_BYTES, strict UTF-8), on the
+    launcher and on the workers alike; FileRefused (what: the file's name in its message)
+    otherwise. A file that is no tokenizer raises the tokenizers library's plain Exception."""
     from apache_beam.io.filesystems import FileSystems
     from tokenizers import Tokenizer
 
-    with FileSystems.open(FileSystems.join(uri.rstrip("/"), "tokenizer.json")) as stream:
-        tokenizer = Tokenizer.from_str(stream.read().decode("utf-8"))
+    from evalbeam.transforms.input_files import MAX_TOKENIZER_BYTES, decode_text, read_bytes
+
+    path = FileSystems.join(uri.rstrip("/"), "tokenizer.json")
+    what = what or path
+    tokenizer = Tokenizer.from_str(decode_text(read_bytes(path, MAX_TOKENIZER_BYTES, what), what))
     tokenizer.no_padding()
     return tokenizer
+
+
+def tokenizer_size(tokenizer) -> tuple[int, str | None]:
+    """(its largest token id + 1, that token) over the vocabulary and the added tokens: the ids
+    a model must take, (0, None) for a tokenizer without tokens."""
+    vocabulary = tokenizer.get_vocab(with_added_tokens=True)
+    if not vocabulary:
+        return 0, None
+    token, largest = max(vocabulary.items(), key=lambda item: item[1])
+    return largest + 1, token
+
+
+def read_model(path: str, what: str | None = None) -> bytes:
+    """The bytes of model.onnx, read through transforms.input_files: a regular file (or an
+    object) of at most MAX_MODEL_BYTES, FileRefused otherwise. Beam's handler would open any
+    path and read it whole: a FIFO would block a worker forever and /dev/zero never end."""
+    from evalbeam.transforms.input_files import MAX_MODEL_BYTES, read_bytes
+
+    return read_bytes(path, MAX_MODEL_BYTES, what)
+
+
+def model_handler_class():
+    """Beam's RunInference handler for ONNX, loading model.onnx through read_model."""
+    from apache_beam.ml.inference.onnx_inference import OnnxModelHandlerNumpy
+
+    class ModelFileHandler(OnnxModelHandlerNumpy):
+        def load_model(self):
+            import onnxruntime
+
+            return onnxruntime.InferenceSession(read_model(self._model_uri),
+                                                sess_options=self._session_options,
+                                                providers=self._providers,
+                                                provider_options=self._provider_options)
+
+    return ModelFileHandler
 
 
 def output_named(session, name: str) -> str:
@@ -117,9 +159,7 @@ class BatchedModel:
         self.loaded = None
 
     def handler(self, model_path: str, providers: list, options):
-        from apache_beam.ml.inference.onnx_inference import OnnxModelHandlerNumpy
-
-        return OnnxModelHandlerNumpy(model_path, session_options=options, providers=providers,
+        return model_handler_class()(model_path, session_options=options, providers=providers,
                                      inference_fn=type(self).inference_fn)
 
     def prepare(self, tokenizer) -> None:

@@ -41,6 +41,10 @@ class TextConfig:
     journal_root: str | None = None
     # the largest fraction of a judge metric's datums that may fail before the run is incomplete
     judge_max_failed_fraction: float = 0.0
+    # what the checks of the model folders found before the run (a tokenizer far smaller than
+    # its model: pipelines/judge_options.check_model_folder), transforms.outputs.problem dicts
+    # added to run.json's problems
+    model_problems: tuple = ()
 
 
 @dataclass
