@@ -119,6 +119,14 @@ def run(argv: list[str]) -> int:
     except UsageError as error:
         say_error(f"{error} Nothing ran.")
         return EXIT_USAGE
+    if any(p.runs for p in plans):
+        from evalbeam.pipelines.launcher import check_runner
+
+        try:
+            check_runner(beam_args)      # before run_sweep writes sweep.json
+        except UsageError as error:
+            say_error(str(error))
+            return EXIT_USAGE
     return run_sweep(plans, manifest, output, beam_args, args, started)
 
 
@@ -194,6 +202,7 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
     from evalbeam.pipelines.leaderboard import headlines_of
     from evalbeam.pipelines.registry import spec_of
     from evalbeam.transforms.io import InputError, join
+    from evalbeam.transforms.outputs import ForeignOutputs
 
     errors: list[str] = []
     plans: list[Plan] = []
@@ -210,14 +219,19 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
     for cell in manifest.cells:
         spec = spec_of(cell.task)
         where = f"cell {cell.id} (manifest line {cell.line})"
+        if cell.task not in parsers:
+            parsers[cell.task] = task_parser(spec)
+        parser = parsers[cell.task]
         try:
-            if cell.task not in parsers:
-                parsers[cell.task] = task_parser(spec)
-            parser = parsers[cell.task]
+            options = option_args(cell.options, parser, where)
+        except UsageError as error:   # its message names the cell already
+            errors.append(str(error))
+            continue
+        try:
             argv = ["--groundtruths", cell.groundtruths, "--predictions",
                     f"{cell.model}={cell.predictions}",
                     "--output", join(join(join(output, "cells"), cell.dataset), cell.model), "--quiet"]
-            argv += option_args(cell.options, parser, where) + common
+            argv += options + common
             if sweep_args.num_shards:
                 argv += ["--num_shards", str(sweep_args.num_shards)]
             split = getattr(sweep_args, "input_split_bytes", None)   # plan_cells' callers may omit it
@@ -236,6 +250,9 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
                 judged = False
             folder, sources, run_info, cell_beam = prepare_run(spec, config, args, models, slices,
                                                                beam_args, started)
+        except ForeignOutputs as error:
+            errors.append(f"{where}: {foreign_cell_files(error)}")
+            continue
         except (UsageError, InputError) as error:
             errors.append(f"{where}: {getattr(error, 'message', str(error))}")
             continue
@@ -266,6 +283,17 @@ def plan_cells(manifest, output: str, beam_args: list[str], sweep_args, started:
         plan.run_info["sweep"] = {"cell": plan.cell.id, "fingerprint": plan.fingerprint,
                                   "manifest": os.path.abspath(manifest.path)}
     return plans
+
+
+def foreign_cell_files(error) -> str:
+    """The refusal of a cell folder holding files evalbeam did not write (ForeignOutputs), with
+    the remedies a sweep has: it takes no --overwrite, and --force reruns cells but never
+    replaces a file evalbeam did not write."""
+    them = "it" if len(error.names) == 1 else "them"
+    return (f"the cell's folder {error.folder} holds {', '.join(error.names)}, which evalbeam did "
+            "not write (or which changed since it wrote them), under the name of a file the cell "
+            f"writes. A sweep never replaces such a file, not even with --force: move {them} "
+            "away, or give the sweep another --output folder.")
 
 
 def _dataset(manifest, name: str) -> dict:
@@ -371,8 +399,9 @@ def write_sweep_json(output: str, info: dict) -> None:
 def sweep_info(manifest, plans: list[Plan], started: float, status: str) -> dict:
     from evalbeam.pipelines.common import versions
 
-    with open(manifest.path, "rb") as stream:
-        raw = stream.read()
+    from evalbeam.transforms.input_files import MAX_SETTINGS_BYTES, read_bytes
+
+    raw = read_bytes(manifest.path, MAX_SETTINGS_BYTES, f"the sweep manifest {manifest.path}")
     return {
         "status": status,
         "manifest": {"path": os.path.abspath(manifest.path),
@@ -585,6 +614,7 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
                 from apache_beam.io.filesystems import FileSystems
 
                 FileSystems.delete([join(output, name)])
+        remove_leftovers(output, [p for p in plans if not p.runs])
     except Exception as error:
         say_error(f"cannot write to the sweep folder {output!r}: {error}")
         return EXIT_USAGE
@@ -615,15 +645,37 @@ def run_sweep(plans: list[Plan], manifest, output: str, beam_args, args, started
     return finish(plans, manifest, output, started, failures, args.quiet, args)
 
 
+def remove_leftovers(output: str, skipped: list[Plan]) -> None:
+    """Remove the temporary folders that killed runs left in DIR (a sweep killed while it
+    published, see finish) and in the folders of the cells that are skipped as done.
+
+    A cell that runs removes its own (OutputFolder.start), but a done cell is skipped, so a cell
+    killed after its final run.json was written and before its temporary folder was removed
+    (OutputFolder.publish) would keep that folder for good. Only folders that are provably
+    evalbeam's are removed (transforms.outputs: marked as such, or named by the cell's own
+    run.json); anything else named like one is the user's and stays."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.outputs import OutputFolder
+
+    # the sweep folder's own: OutputFolder(output) only lists them, it checks nothing here
+    folders = [OutputFolder(output)] + [p.folder for p in skipped]
+    for folder in folders:
+        stale = folder._temp_folders()
+        if stale:
+            FileSystems.delete(stale)
+
+
 WORST = (EXIT_FAILED, EXIT_INCOMPLETE, EXIT_REJECTED, EXIT_OK)
 
 
 def finish(plans: list[Plan], manifest, output: str, started: float, failures: dict,
            quiet: bool, args=None) -> int:
-    """Read every cell's run.json, write the leaderboard and sweep.json, print the summary;
-    returns the exit code."""
+    """Read every cell's run.json, write and publish the leaderboard (and the files of
+    sweep_finishing) and sweep.json (publish), print the summary; returns the exit code."""
     from evalbeam.pipelines import leaderboard
-    from evalbeam.transforms.io import join, read_json
+    from evalbeam.transforms.io import read_json
+    from evalbeam.transforms.outputs import OutputFolder
 
     info = sweep_info(manifest, plans, started, "complete")
     finished, codes = [], []
@@ -650,9 +702,12 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
     confidence = float(manifest.sweep.get("confidence", 0.95))
     baselines = {d["name"]: d.get("baseline", manifest.sweep.get("baseline")) for d in manifest.datasets}
     rows, problems = leaderboard.build(finished, confidence, baselines)
+    # every file of the sweep is written into a temporary folder first, then published (publish)
+    staging = OutputFolder(output)
+    staging.make_temp()
     with_jsonl = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in rows)
-    _write_text(join(output, LEADERBOARD_JSONL), with_jsonl)
-    _write_text(join(output, LEADERBOARD_CSV), leaderboard.to_csv(rows))
+    _write_text(staging.temp(LEADERBOARD_JSONL), with_jsonl)
+    _write_text(staging.temp(LEADERBOARD_CSV), leaderboard.to_csv(rows))
     code = next((c for c in WORST if c in codes), EXIT_OK)
     info.update(status="complete" if code == EXIT_OK else "failed" if code == EXIT_FAILED else
                 "incomplete" if code == EXIT_INCOMPLETE else "complete_with_rejections",
@@ -662,8 +717,9 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
                 wall_time_seconds=round(time.time() - started, 3))
     if args is not None and getattr(args, "finishing", None):
         gates, baseline = args.finishing
-        code = sweep_finishing.finish(plans, output, gates, baseline, args, code, info, quiet)
-    write_sweep_json(output, info)
+        code = sweep_finishing.finish(plans, output, gates, baseline, args, code, info, quiet,
+                                      into=staging.tmp)
+    publish(output, staging, [LEADERBOARD_JSONL, LEADERBOARD_CSV] + info.get("files", []), info)
     if args is not None and getattr(args, "mlflow_tracking_uri", None):
         code = sweep_finishing.log_cells(plans, info, args.mlflow_tracking_uri, output, quiet, code)
     if not quiet:
@@ -678,6 +734,29 @@ def finish(plans: list[Plan], manifest, output: str, started: float, failures: d
             for c in bad[:10]) + f". sweep.json and each cell's run.json say more; the other "
               "cells' outputs are complete.", file=sys.stderr)
     return code
+
+
+def publish(output: str, staging, names: list[str], info: dict) -> None:
+    """Move the sweep's files (names, written into staging's temporary folder) into DIR, then
+    write sweep.json with its final status, then remove the temporary folder.
+
+    sweep.json is the sweep's status, and it is written last: while it says "running" (from the
+    sweep's start, when the previous leaderboard files are removed, until here) the files beside
+    it are not the sweep's result, whatever of them stands there (a kill while they were moved
+    leaves some); one that says how the sweep ended stands beside every file of that sweep. A
+    kill anywhere leaves the one or the other, and the sweep run again (done cells skipped)
+    removes what was left (run_sweep, remove_leftovers) and publishes the whole set."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from evalbeam.transforms.io import join
+
+    finals = [join(output, n) for n in names]
+    present = [path for path in finals if _exists(path)]
+    if present:   # removed when the sweep started; only a concurrent writer puts one back
+        FileSystems.delete(present)
+    FileSystems.rename([staging.temp(n) for n in names], finals)
+    write_sweep_json(output, info)
+    staging.cleanup()
 
 
 def _write_text(path: str, text: str) -> None:

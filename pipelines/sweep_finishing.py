@@ -96,9 +96,22 @@ def _baseline_records(folder: str) -> tuple:
         return None, f"has a metrics.jsonl that cannot be used ({error})"
 
 
-def finish(plans, output: str, gates, baseline, args, code: int, info: dict, quiet: bool) -> int:
+def _changed_of(folder: str):
+    """A reader of a baseline cell's run.json giving comparison.changed_since of its
+    metrics.jsonl (None when unchanged)."""
+    from evalbeam.pipelines.comparison import changed_since
+    from evalbeam.transforms.io import join, read_json
+
+    return lambda run_json: changed_since(read_json(run_json), join(folder, "metrics.jsonl"))
+
+
+def finish(plans, output: str, gates, baseline, args, code: int, info: dict, quiet: bool,
+           into: str | None = None) -> int:
     """Gates, comparison and report of a finished sweep; returns the exit code and updates
-    info (sweep.json) with "gates", "comparison" and "files"."""
+    info (sweep.json) with "gates", "comparison" and "files" (their names). into: the folder
+    they are written into (default output): the sweep's temporary folder, from which
+    sweep.publish moves them into output with the leaderboard files, which the report reads
+    there."""
     from evalbeam.pipelines import comparison as comparing, gates as gating
     from evalbeam.pipelines.common import EXIT_GATES, EXIT_OK, EXIT_REJECTED
     from evalbeam.transforms.io import join
@@ -106,6 +119,7 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
 
     from evalbeam.pipelines.sweep import ENDED, _read_or_none, _write_text   # noqa: cycle-free at call time
 
+    into = into or output
     checks, rows, problems = [], [], []
     usable = ENDED + ("incomplete",)
     for plan, entry in zip(plans, info["cells"]):
@@ -113,7 +127,7 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
             continue
         metrics = join(plan.folder.folder, "metrics.jsonl")
         records = _read_or_none(metrics, comparing.read_records) or []
-        old, differs = None, []
+        old, differs, changed = None, [], None
         mine = [g for g in gates if applies_to(g, plan)]
         if baseline is not None:
             folder = baseline.get((plan.cell.dataset, plan.cell.model))
@@ -127,27 +141,33 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
             if old is not None:
                 rows += [dict(r, dataset=plan.cell.dataset) for r in comparing.compare(records, old)]
                 differs = cell_data_differences(plan, folder)
+                gated = any(g.needs_baseline for g in mine)
                 if differs:
-                    found = comparing.differs_problem(
-                        differs, folder, any(g.needs_baseline for g in mine),
-                        where=f"cell {plan.cell.id}: ")
+                    found = comparing.differs_problem(differs, folder, gated,
+                                                      where=f"cell {plan.cell.id}: ")
+                    problems.append(dict(found, cell=plan.cell.id))
+                changed = _read_or_none(join(folder, "run.json"), _changed_of(folder))
+                if changed:
+                    found = comparing.changed_problem(changed, folder, gated,
+                                                      where=f"cell {plan.cell.id}: ")
                     problems.append(dict(found, cell=plan.cell.id))
         if mine:
             checks += gating.evaluate(mine, records, old if old is not None else [],
-                                      dataset=plan.cell.dataset, baseline_differs=differs)
+                                      dataset=plan.cell.dataset, baseline_differs=differs,
+                                      baseline_changed=changed)
     files = {}
     if baseline is not None:
         info["baseline_problems"] = problems
         for found in problems:
             print(f"evalbeam: warning: {found['message']}", file=sys.stderr)
-        _write_text(join(output, "comparison.jsonl"),
+        _write_text(join(into, "comparison.jsonl"),
                     "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         info["comparison"] = dict(comparing.comparison_summary(rows), baseline=args.baseline,
                                   file="comparison.jsonl")
         files["comparison.jsonl"] = True
     if gates:
         write_json_atomic(gating.gates_document(checks, _gate_source(args), args.baseline),
-                          join(output, "gates.json"))
+                          join(into, "gates.json"))
         info["gates"] = dict(gating.summarize(checks), file="gates.json")
         files["gates.json"] = True
         if not info["gates"]["passed"] and code in (EXIT_OK, EXIT_REJECTED):
@@ -162,7 +182,7 @@ def finish(plans, output: str, gates, baseline, args, code: int, info: dict, qui
     if args.report:
         from evalbeam.pipelines.report import write_sweep_report
 
-        write_sweep_report(output, join(output, "report.html"), info=dict(info, exit_code=code),
+        write_sweep_report(into, join(into, "report.html"), info=dict(info, exit_code=code),
                            checks=checks if gates else None, baseline=args.baseline)
         files["report.html"] = True
         if not quiet:

@@ -36,6 +36,10 @@ DATASET_KEYS = {"name", "task", "groundtruths", "options", "models", "headline",
 MODEL_KEYS = {"name", "predictions", "datasets", "options"}
 CELL_KEYS = {"dataset", "model", "options"}
 TOP_KEYS = {"sweep", "judge", "dataset", "model", "cell", "gate"}
+# Cells of one sweep: each is a run with its own folder, run.json and leaderboard rows (100
+# models over 100 datasets); past that, one manifest is a mistake or several sweeps, and its
+# cells would cost the launcher unbounded time and memory (3,000 x 3,000 tables: 9 M cells).
+MAX_CELLS = 10_000
 # options a cell may not set: the sweep sets them (inputs, output folder, comparisons, intervals)
 RESERVED = {"groundtruths", "predictions", "output", "overwrite", "quiet", "compare_to",
             "bootstrap", "confidence", "bootstrap_seed", "max_rejected_fraction"}
@@ -85,18 +89,18 @@ class Lines:
 
     def __init__(self, text: str):
         self.lines = text.splitlines()
-
-    def of(self, table: str, index: int | None = None, key: str | None = None) -> int:
-        seen, start = -1, None
+        # {table name: line numbers of its headers}, found once: a search per lookup made a
+        # manifest of thousands of tables quadratic (3,000 datasets: minutes)
+        self.headers: dict[str, list[int]] = {}
         for number, line in enumerate(self.lines, 1):
             match = self.HEADER.match(line)
-            if match is None:
-                continue
-            if match.group(2) == table:
-                seen += 1
-                if index is None or seen == index:
-                    start = number
-                    break
+            if match is not None:
+                self.headers.setdefault(match.group(2), []).append(number)
+
+    def of(self, table: str, index: int | None = None, key: str | None = None) -> int:
+        found = self.headers.get(table, [])
+        at = 0 if index is None else index
+        start = found[at] if 0 <= at < len(found) else None
         if start is None:
             return 1
         if key is None:
@@ -176,25 +180,14 @@ def _names(values, what: str, where: str, errors: list) -> list[str] | None:
 def load(path: str) -> Manifest:
     """Read and check a manifest, expand its cells; raises ManifestError (every problem found,
     each with its manifest line) or UsageError (the file cannot be read)."""
-    try:
-        import tomllib
-    except ImportError:   # Python 3.10
-        import tomli as tomllib
-
     from evalbeam.pipelines.registry import TASKS
+    from evalbeam.transforms.input_files import FileRefused, load_toml
 
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read()
-    except OSError as error:
-        raise UsageError(f"cannot read the sweep manifest {path}: {error.strerror or error}") from None
-    try:
-        text = raw.decode("utf-8")
-        data = tomllib.loads(text)
-    except UnicodeDecodeError:
-        raise UsageError(f"the sweep manifest {path} is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ManifestError([f"{path}: not valid TOML: {error}"]) from None
+        # a regular file, size and depth bounded, strict UTF-8 (transforms/input_files.py)
+        data, text = load_toml(path, what=f"the sweep manifest {path}")
+    except FileRefused as error:
+        raise UsageError(error.message) from None
     lines = Lines(text)
     errors: list[str] = []
     for key in sorted(set(data) - TOP_KEYS):
@@ -210,10 +203,20 @@ def load(path: str) -> Manifest:
         errors.append("[judge] must be a table")
         judge = {}
     _check_keys(sweep, SWEEP_KEYS, "[sweep]", errors, lines, "sweep", None)
+    # checked whatever the cells: a table that no cell reads is still a mistake to report
+    settings = judge_settings() if judge else {}
     for key, value in judge.items():
+        where = f"[judge] (line {lines.of('judge', None, key)})"
         if not OPTION_NAME.fullmatch(key) or key.startswith("judge_"):
-            errors.append(f"[judge] (line {lines.of('judge', None, key)}): {key!r} is not a judge "
+            errors.append(f"{where}: {key!r} is not a judge "
                           "setting; write the option --judge_NAME as NAME (e.g. url, model, rpm)")
+        elif key not in settings:
+            errors.append(f"{where}: unknown key {key!r} (the text task has no option "
+                          f"--judge_{key}){_secret_hint(key)}; known keys: {', '.join(sorted(settings))}")
+        else:
+            problem = setting_problem(settings[key], value)
+            if problem:
+                errors.append(f"{where}: {key} {problem} (the text task's option --judge_{key})")
     datasets = _array(data, "dataset", errors)
     models = _array(data, "model", errors)
     cells_tables = _array(data, "cell", errors)
@@ -305,9 +308,17 @@ def load(path: str) -> Manifest:
     folders: dict[str, str] = {}
     for i, d in enumerate(datasets):
         wanted = d.get("models")
+        if len(cells) > MAX_CELLS:
+            break
         for j, m in enumerate(models):
             if wanted is not None and m["name"] not in wanted:
                 continue
+            if len(cells) == MAX_CELLS:
+                errors.append(f"{path}: more than {MAX_CELLS:,} cells ({len(datasets):,} datasets "
+                              f"x {len(models):,} models); a sweep that large is several sweeps: "
+                              "split the manifest, or name each dataset's models (models = [...])")
+                cells.append(None)     # stops both loops
+                break
             if m.get("datasets") is not None and d["name"] not in m["datasets"]:
                 continue
             predictions = m["predictions"]
@@ -338,6 +349,8 @@ def load(path: str) -> Manifest:
                 continue
             folders[folded] = cell_id
             cells.append(Cell(cell_id, d["name"], m["name"], d["task"], gt, pred, options, cell_line))
+    if cells and cells[-1] is None:
+        raise ManifestError(errors)
     overridden = {key for key in overrides} - {(c.dataset, c.model) for c in cells}
     for key in sorted(overridden):
         errors.append(f"[[cell]] {key[0]}/{key[1]} (line {overrides[key][1]}): no cell of the sweep "
@@ -355,6 +368,50 @@ def load(path: str) -> Manifest:
     if errors:
         raise ManifestError(errors)
     return Manifest(path, sweep, judge, datasets, models, cells, gates)
+
+
+def judge_settings() -> dict:
+    """The keys a [judge] table may hold: {NAME: argparse action} of every --judge_NAME option
+    of the text task (the task whose cells get them)."""
+    from evalbeam.pipelines.launcher import build_parser
+    from evalbeam.pipelines.registry import spec_of
+
+    actions = build_parser(spec_of("text"))._option_string_actions
+    return {flag[len("--judge_"):]: action for flag, action in actions.items()
+            if flag.startswith("--judge_")}
+
+
+def setting_problem(action, value) -> str | None:
+    """Why a [judge] value cannot be its option's (the table's shape and numbers; the text
+    task's parser checks the rest in every text cell), or None. The value is never quoted: it
+    could be a secret put in the wrong key."""
+    import argparse
+
+    if isinstance(action, argparse._StoreTrueAction):
+        return None if isinstance(value, bool) else "is a switch: write true or false"
+    if isinstance(value, bool) or isinstance(value, dict):
+        return "takes a value, not true, false or a table"
+    if isinstance(value, list):
+        if not isinstance(action, argparse._AppendAction):
+            return "takes one value, not a list"
+        values = value
+    else:
+        values = [value]
+    if action.type in (int, float):
+        for item in values:
+            try:
+                action.type(str(item))
+            except ValueError:
+                return "takes a whole number" if action.type is int else "takes a number"
+    return None
+
+
+def _secret_hint(key: str) -> str:
+    """For a [judge] key that looks like the API key itself (api_key, token): where it goes."""
+    if key == "key" or key.endswith(("api_key", "token", "secret", "password", "credentials")):
+        return (": a key or secret is never a setting; name the environment variable that holds "
+                "it with api_key_env")
+    return ""
 
 
 def _top_line(lines: Lines, key: str) -> int:

@@ -54,6 +54,16 @@ EXIT_CODES = {COMPLETE: EXIT_OK, WITH_REJECTIONS: EXIT_REJECTED, INCOMPLETE: EXI
               FAILED: EXIT_FAILED}
 
 
+class ForeignOutputs(InputError):
+    """OutputFolder.check's refusal of a folder holding files that evalbeam did not write:
+    .folder and .names (those files) too, so that a command whose remedy is not --overwrite
+    (evalbeam sweep, whose cells are folders of its own) can say what it accepts."""
+
+    def __init__(self, message: str, folder: str, names: list[str]):
+        super().__init__(message)
+        self.folder, self.names = folder, list(names)
+
+
 def same_path(a: str, b: str) -> bool:
     """Whether two paths name the same file or folder: resolved (symlinks, "..") on a local
     disk; on an object store, the same name but for a trailing "/" (names there are literal)."""
@@ -224,11 +234,11 @@ class OutputFolder:
                     "choose another --output.")
         foreign = [n for n in present if n not in owned]
         if foreign and not self.overwrite:
-            raise InputError(
+            raise ForeignOutputs(
                 f"the output folder {self.folder} holds {', '.join(foreign)}, which evalbeam did "
                 "not write (or which changed since it wrote them); a run would replace "
                 f"{'it' if len(foreign) == 1 else 'them'}. Choose an empty or new --output, "
-                "move the file(s) away, or pass --overwrite to replace them.")
+                "move the file(s) away, or pass --overwrite to replace them.", self.folder, foreign)
         self.previous = {n: owned.get(n) for n in present}
 
     def start(self, run_info: dict) -> None:

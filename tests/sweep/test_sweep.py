@@ -250,9 +250,116 @@ def test_killed_sweep_resumes_with_its_unfinished_cells(data, finished, tmp_path
         assert (out / "cells" / cell / "metrics.jsonl").read_bytes() == \
             (finished / "cells" / cell / "metrics.jsonl").read_bytes()
     assert (out / "leaderboard.jsonl").read_bytes() == (finished / "leaderboard.jsonl").read_bytes()
-    # the cells that ran again leave no temporary folder (a cell killed between publishing and
-    # removing its temporary folder keeps that hidden leftover until it next runs)
-    assert not [p for cell in unfinished for p in (out / "cells" / cell).glob(".evalbeam-tmp-*")]
+    # no temporary folder is left anywhere: the cells that ran removed theirs, and the sweep
+    # removed those of done cells killed between publishing and removing it
+    assert not list(out.rglob(".evalbeam-tmp-*"))
+
+
+# Runs a sweep that dies (os._exit: no cleanup runs, as with kill -9) at one step of publishing:
+# argv = point, DIR, then the sweep's arguments.
+KILLED_AT = r"""
+import os, sys
+
+from apache_beam.io.filesystems import FileSystems
+
+point, out, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+if point == "published":            # a run.json (a cell's) or sweep.json written, then killed
+    from evalbeam.transforms.outputs import OutputFolder
+
+    OutputFolder.cleanup = lambda self: os._exit(9)
+elif point == "gates_written":      # killed while gates.json is written (before its rename)
+    real_replace = os.replace
+
+    def replace(src, dst, **kwargs):
+        if str(dst).endswith("gates.json"):
+            os._exit(9)
+        return real_replace(src, dst, **kwargs)
+
+    os.replace = replace
+elif point == "leaderboard_moved":  # killed just after leaderboard.jsonl is moved into DIR
+    target = os.path.join(out, "leaderboard.jsonl")
+    real_rename = FileSystems.rename
+
+    def rename(sources, destinations):
+        if target in destinations:
+            i = destinations.index(target)
+            real_rename(sources[i:i + 1], destinations[i:i + 1])
+            os._exit(9)
+        return real_rename(sources, destinations)
+
+    FileSystems.rename = rename
+elif point == "all_moved":          # every file in place, killed before sweep.json's status
+    from evalbeam.pipelines import sweep
+
+    real_write = sweep.write_sweep_json
+
+    def write(output, info):
+        if info["status"] != "running":
+            os._exit(9)
+        real_write(output, info)
+
+    sweep.write_sweep_json = write
+from evalbeam.pipelines.sweep import run
+
+sys.exit(run(argv))
+"""
+
+
+def _killed_at(point: str, out: Path, args: list) -> None:
+    process = subprocess.run([sys.executable, "-c", KILLED_AT, point, str(out), *map(str, args),
+                              "--output", str(out), "--quiet"], cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 9, process.stderr[-2000:]
+
+
+@pytest.mark.multiprocess
+def test_a_cell_killed_after_publishing_leaves_no_temporary_folder(data, finished, tmp_path):
+    """A cell killed after its final run.json was written and before its temporary folder was
+    removed is done: the resumed sweep skips it, and used to keep its .evalbeam-tmp-* folder for
+    good (only --force removed it). The resumed sweep (here on the multi-process runner) now
+    removes it, as it is marked as evalbeam's."""
+    out = tmp_path / "out"
+    manifest = write_manifest(data)
+    _killed_at("published", out, [manifest])
+    done = {c for c in CELLS if _status(out / "cells" / c) == "complete"}
+    assert len(done) == 1                                    # the first cell to publish
+    assert list((out / "cells" / next(iter(done))).glob(".evalbeam-tmp-*"))
+    assert sweep([manifest, "--output", out, "--quiet", *MULTIPROCESS]) == 0
+    assert ran(out) == CELLS - done
+    assert not list(out.rglob(".evalbeam-tmp-*"))
+    for cell in CELLS:
+        assert (out / "cells" / cell / "metrics.jsonl").read_bytes() == \
+            (finished / "cells" / cell / "metrics.jsonl").read_bytes()
+    assert (out / "leaderboard.jsonl").read_bytes() == (finished / "leaderboard.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("point", ["gates_written", "leaderboard_moved", "all_moved", "published"])
+def test_a_sweep_killed_while_it_publishes(data, finished, tmp_path, point):
+    """sweep.json's status is written last: a sweep killed at any step of publishing leaves a
+    sweep.json that says "running" (whatever leaderboard files stand beside it) or the whole
+    set; run again, it publishes the whole set and leaves nothing else in DIR (a killed write's
+    partial file, a temporary folder)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)            # every cell done: the rerun only publishes
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.0\n')
+    args = [write_manifest(data), "--gates", gates]
+    names = {"leaderboard.jsonl", "leaderboard.csv", "gates.json"}
+    _killed_at(point, out, args)
+    status = info(out)["status"]
+    if point == "published":
+        assert status == "complete" and names <= set(os.listdir(out))
+    else:
+        assert status == "running"
+    if point == "leaderboard_moved":          # the state the sweep can be killed in: said so
+        assert (out / "leaderboard.jsonl").exists() and not (out / "leaderboard.csv").exists()
+    assert sweep([*args, "--output", out, "--quiet"]) == 0
+    assert info(out)["status"] == "complete" and ran(out) == set()
+    assert set(os.listdir(out)) == names | {"sweep.json", "cells"}
+    assert not list(out.rglob(".evalbeam-tmp-*"))
+    for name in ("leaderboard.jsonl", "leaderboard.csv"):
+        assert (out / name).read_bytes() == (finished / name).read_bytes()
+    assert json.loads((out / "gates.json").read_text())["results"]
 
 
 def _status(folder: Path):

@@ -161,6 +161,61 @@ def test_the_name_rule_on_every_os_and_object_store():
     assert "may not start with '.'" in name_problem("..")
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_judge_table_is_checked_without_text_cells(root, capsys, validate):
+    """[judge] went to text cells only, so in a sweep without one it was never checked:
+    bogus_key = 1 passed. Its keys (the text task's --judge_NAME options) and the shape of their
+    values are checked whatever the cells, each problem naming its line."""
+    from evalbeam.pipelines.sweep import run
+
+    good = '[judge]\nurl = "http://127.0.0.1:9/v1"\nrpm = 60\nskip_check = true\n'
+    manifest = root / "sweep.toml"
+    manifest.write_text(good + GOOD.format(root=root))
+    assert run(["validate", str(manifest)]) == 0              # a valid table, no text cell
+    bad = '[judge]\nbogus_key = 1\nrpm = "fast"\nskip_check = "yes"\nconcurrency = 2.5\n'
+    err = sweep_fails(root, bad + GOOD.format(root=root), capsys, validate=validate)
+    assert "[judge] (line 2): unknown key 'bogus_key' (the text task has no option " \
+           "--judge_bogus_key); known keys: api_key_env," in err
+    assert "[judge] (line 3): rpm takes a number" in err
+    assert "[judge] (line 4): skip_check is a switch: write true or false" in err
+    assert "[judge] (line 5): concurrency takes a whole number" in err
+    assert "4 problem(s)" in err
+
+
+def test_a_cell_error_names_the_cell_once(root, capsys):
+    """An option the task does not have was reported as "cell alpha/resnet (manifest line 2):
+    cell alpha/resnet (manifest line 2): unknown option ..."."""
+    text = GOOD.format(root=root).replace('task = "classification"',
+                                          'task = "classification"\noptions = { score_treshold = 0.5 }')
+    err = sweep_fails(root, text, capsys, validate=True)
+    line = next(x for x in err.splitlines() if "score_treshold" in x)
+    assert line == ("evalbeam: error: cell alpha/resnet (manifest line 2): unknown option "
+                    "'score_treshold' for this task (see evalbeam <task> --help; write "
+                    "--some_option as some_option)")
+
+
+def test_foreign_files_in_a_cell_folder_say_what_the_sweep_accepts(root, capsys):
+    """A cell folder holding a file evalbeam did not write was refused with "pass --overwrite",
+    an option the sweep refuses; --force does not replace such a file either."""
+    from evalbeam.pipelines.sweep import run
+
+    manifest = root / "sweep.toml"
+    manifest.write_text(GOOD.format(root=root))
+    cell = root / "out" / "cells" / "alpha" / "resnet"
+    cell.mkdir(parents=True)
+    (cell / "metrics.jsonl").write_text("mine\n")
+    for extra in ([], ["--force"]):
+        assert run([str(manifest), "--output", str(root / "out"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "--overwrite" not in err and "Traceback" not in err
+        assert (f"cell alpha/resnet (manifest line 2): the cell's folder {cell} holds metrics.jsonl, "
+                "which evalbeam did not write") in err
+        assert "not even with --force: move it away, or give the sweep another --output folder" in err
+        assert (cell / "metrics.jsonl").read_text() == "mine\n"
+        assert sorted(p.name for p in (root / "out").rglob("*")) == ["alpha", "cells", "metrics.jsonl",
+                                                                     "resnet"]
+
+
 def test_bad_option_value_is_the_tasks_message(root, capsys):
     text = GOOD.format(root=root).replace('task = "classification"',
                                           'task = "classification"\noptions = { score_thresholds = [2.0] }')
@@ -177,7 +232,8 @@ def test_missing_manifest(tmp_path, capsys):
     from evalbeam.pipelines.sweep import run
 
     assert run([str(tmp_path / "nope.toml"), "--output", str(tmp_path / "out")]) == 2
-    assert "cannot read the sweep manifest" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the sweep manifest" in err and "no such file" in err
 
 
 def test_foreign_leaderboard_is_refused(root, capsys):
@@ -243,7 +299,8 @@ def test_secrets_stay_out_of_messages_and_sweep_json(root, capsys):
     text = GOOD.format(root=root).replace('task = "classification"', 'task = "text"')
     text = '[judge]\nurl = "http://127.0.0.1:9/v1"\napi_key = "sk-supersecret"\n' + text
     err = sweep_fails(root, text, capsys)
-    assert "sk-supersecret" not in err and "--judge_api_key ***" in err
+    assert "sk-supersecret" not in err
+    assert "[judge] (line 3): unknown key 'api_key'" in err and "api_key_env" in err
     assert _safe_url("https://bob:hunter2@api.example.com:8443/v1?key=abc#x") == "https://api.example.com:8443/v1"
     safe = _safe_judge({"url": "https://u:hunter2@h/v1", "api_key_env": "MY_KEY", "token": "t0k"})
     assert safe == {"url": "https://h/v1", "api_key_env": "MY_KEY", "token": "***"}
