@@ -435,6 +435,12 @@ def judge_setup(args, beam_args: list[str], needs_url: bool = True, warnings: li
             args.judge_no_claims_faithfulness, "--judge_no_claims_faithfulness", float, 0.0, 1.0),
         byop=byop)
     journal = args.judge_journal or args.output.rstrip("/") + "/judge-journal"
+    from evalbeam.transforms.judge.journal import check_journal
+
+    problem = check_journal(journal)
+    if problem:
+        raise UsageError(f"--judge_journal: {problem}; the journal's part files are evalbeam's "
+                         "own, so remove that one or give another journal folder")
     return settings, config, journal
 
 

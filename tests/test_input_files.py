@@ -323,3 +323,77 @@ def test_run_json_of_a_baseline_read_through_the_door(tmp_path, baseline):
     assert read_json(str(baseline / "run.json"))["written_by"] == "evalbeam"
     toml, text = load_toml(str(ROOT / "pyproject.toml"))
     assert toml["project"]["name"] == "evalbeam" and text.startswith("[build-system]")
+
+
+# ---- the judge journal ------------------------------------------------------------------------
+
+def test_a_journal_line_nested_thousands_deep_is_skipped_not_a_crash(tmp_path):
+    from evalbeam.transforms.judge.journal import check_journal, read_journal
+
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    good = {"hash": "h1", "status": "ok", "content": {"verdict": 1}}
+    (journal / "part-a-000000.jsonl").write_text(
+        json.dumps(good) + "\n" + '{"hash": "h2", "status": "ok", "content": ' + "[" * 5000
+        + "]" * 5000 + "}\n" + '{"hash": "h3", "status": "ok", "con')
+    assert check_journal(str(journal)) is None
+    assert list(read_journal(str(journal))) == ["h1"]
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo"])
+def test_a_journal_part_that_is_a_device_or_pipe_stops_the_run_before_it_starts(tmp_path, target, capsys, monkeypatch):
+    from evalbeam.pipelines.synthetic_rag import write_rag_dataset
+    from evalbeam.transforms.io import ReadError
+    from evalbeam.transforms.judge.journal import read_journal
+
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    part = journal / "part-b-000000.jsonl"
+    if target == "fifo":
+        os.mkfifo(part)
+    else:
+        part.symlink_to(target)
+    with pytest.raises(ReadError, match="not a regular file"):   # on a worker: an input error
+        read_journal(str(journal))
+    data = write_rag_dataset(str(tmp_path / "data"), 5, seed=1, models=("alpha",))
+    monkeypatch.setenv("EVALBEAM_JUDGE_TEST_KEY", "sk-test-0123456789")
+    out = tmp_path / "out"
+    done = run_cli_here(["text", "--groundtruths", data["groundtruths"], "--predictions",
+                         f"alpha={data['alpha']}", "--metrics", "AnswerRelevance", "--output", out,
+                         "--judge_url", "http://127.0.0.1:9/v1", "--judge_api_key_env",
+                         "EVALBEAM_JUDGE_TEST_KEY", "--judge_journal", journal, "--quiet"], capsys)
+    assert done.returncode == 2 and "--judge_journal: the judge journal's" in done.stderr, done.stderr
+    assert "not a regular file" in done.stderr and not out.exists()
+
+
+# ---- sizes a file may ask for ------------------------------------------------------------------
+
+def test_a_manifest_of_too_many_cells_is_refused_quickly(tmp_path, capsys):
+    """3,000 datasets x 3,000 models (700 KB) ran for minutes (a quadratic header search, then
+    9 M cells); now the header lines are indexed once and cells stop at MAX_CELLS."""
+    from evalbeam.pipelines.sweep_manifest import MAX_CELLS
+
+    gt = INPUTS / "groundtruths.jsonl"
+    text = "".join(f'[[dataset]]\nname = "d{i}"\ntask = "classification"\ngroundtruths = "{gt}"\n'
+                   for i in range(1000))
+    text += "".join(f'[[model]]\nname = "m{i}"\npredictions = "{INPUTS / "model_a.jsonl"}"\n'
+                    for i in range(1000))
+    manifest = tmp_path / "big.toml"
+    manifest.write_text(text)
+    started = time.monotonic()
+    done = run_cli_here(["sweep", "validate", manifest], capsys)
+    assert done.returncode == 2 and f"more than {MAX_CELLS:,} cells (1,000 datasets x 1,000 models)" in done.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_a_gate_file_of_too_many_gates_is_refused(tmp_path, capsys):
+    from evalbeam.pipelines.gates import MAX_GATES
+
+    gates = tmp_path / "gates.toml"
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.1\n' * (MAX_GATES + 1))
+    out = tmp_path / "out"
+    done = run_cli_here(classification_args(out, ["--gates", gates]), capsys)
+    assert done.returncode == 2 and f"1,001 [[gate]] tables, more than the {MAX_GATES:,}" in done.stderr
+    assert not out.exists()
+    gates.write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.1\n' * MAX_GATES)
+    assert run_cli_here(classification_args(out, ["--gates", gates]), capsys).returncode == 0

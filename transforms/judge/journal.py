@@ -76,24 +76,55 @@ class JournalWriter:
 
 
 def read_journal(root: str) -> dict[str, dict]:
-    """{hash: record} of the reusable records under root (none when root does not exist yet)."""
+    """{hash: record} of the reusable records under root (none when root does not exist yet).
+
+    Each part file is read through transforms.input_files (a regular file of at most
+    MAX_OUTPUT_BYTES, lines bounded): a part file that is a FIFO or a link to a device raises
+    transforms.io.ReadError (an input error of the run, exit 2), never blocks or grows. A line
+    that is not JSON or nests deeper than MAX_NESTING levels is skipped, as the last line of a
+    file cut short by a kill is: its request is sent again."""
+    from evalbeam.schemas.safe_json import too_deep
+    from evalbeam.transforms.input_files import FileRefused, iter_lines
+    from evalbeam.transforms.io import ReadError
+
+    found: dict[str, dict] = {}
+    for path in journal_files(root):
+        try:
+            for _, line in iter_lines(path, what=f"the judge journal's {path}"):
+                if too_deep(line):
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:      # the last line of a file cut short by a kill
+                    continue
+                if isinstance(record, dict) and record.get("status") in REUSABLE:
+                    found.setdefault(record.get("hash"), record)
+        except FileRefused as error:
+            raise ReadError(error.message) from None
+    return found
+
+
+def journal_files(root: str) -> list[str]:
+    """The part files under root, in name order (none when root does not exist yet)."""
     from apache_beam.io.filesystems import FileSystems
 
     try:
         matches = FileSystems.match([_join(root, f"{_PREFIX}*.jsonl")])[0].metadata_list
     except Exception:           # no such folder yet: an empty journal
-        return {}
-    found: dict[str, dict] = {}
-    for meta in sorted(matches, key=lambda m: m.path):
-        with FileSystems.open(meta.path) as stream:
-            data = stream.read()
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:      # the last line of a file cut short by a kill
-                continue
-            if isinstance(record, dict) and record.get("status") in REUSABLE:
-                found.setdefault(record.get("hash"), record)
-    return found
+        return []
+    return sorted(meta.path for meta in matches)
+
+
+def check_journal(root: str) -> str | None:
+    """Why the journal under root cannot be read, or None: every part file must be a regular
+    file within transforms.input_files' bound (opened and closed, not read), so that a FIFO or a
+    link to a device stops the run before it starts rather than on a worker."""
+    from evalbeam.transforms.input_files import MAX_OUTPUT_BYTES, FileRefused, open_bounded
+
+    for path in journal_files(root):
+        try:
+            with open_bounded(path, MAX_OUTPUT_BYTES, f"the judge journal's {path}"):
+                pass
+        except FileRefused as error:
+            return error.message
+    return None
