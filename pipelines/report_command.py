@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str]) -> int:
     from evalbeam.pipelines import comparison, report
-    from evalbeam.transforms.io import join
+    from evalbeam.transforms.io import InputError, join
     from evalbeam.transforms.outputs import same_path
 
     parser = build_parser()
@@ -66,6 +66,9 @@ def run(argv: list[str]) -> int:
             report.write_report(report.RunFiles(folder, info), out, baseline=args.baseline)
             if own_page:
                 _list_in_run_json(folder, info, "report.html")
+    except InputError as error:     # a file of the folder refused by the reading door
+        say_error(f"the report of {folder} could not be made: {getattr(error, 'message', error)}")
+        return EXIT_USAGE
     except OSError as error:
         say_error(f"cannot write the report to {out}: {error}")
         return EXIT_USAGE

@@ -397,3 +397,29 @@ def test_a_gate_file_of_too_many_gates_is_refused(tmp_path, capsys):
     assert not out.exists()
     gates.write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.1\n' * MAX_GATES)
     assert run_cli_here(classification_args(out, ["--gates", gates]), capsys).returncode == 0
+
+
+def test_the_demo_replaces_only_its_own_data_files(tmp_path, capsys):
+    """`evalbeam demo --folder F` wrote F/data/groundtruths.jsonl with open(..., "w"): a user's
+    file of that name was overwritten, and a symlink was followed to its target."""
+    from evalbeam.pipelines.demo import write_demo_data
+    from evalbeam.pipelines.common import UsageError
+
+    data = tmp_path / "demo" / "data"
+    data.mkdir(parents=True)
+    mine = tmp_path / "precious.jsonl"
+    mine.write_text('{"mine": 1}\n')
+    (data / "model_a.jsonl").symlink_to(mine)
+    with pytest.raises(UsageError, match="model_a.jsonl exists and the demo did not write it"):
+        write_demo_data(str(data), n_datums=50)
+    (data / "model_a.jsonl").unlink()
+    (data / "groundtruths.jsonl").write_text('{"mine": 2}\n')
+    done = run_cli_here(["demo", "--folder", tmp_path / "demo", "--n_datums", "50"], capsys)
+    assert done.returncode == 2 and "the demo replaces only its own files" in done.stderr
+    assert (data / "groundtruths.jsonl").read_text() == '{"mine": 2}\n' and mine.read_text() == '{"mine": 1}\n'
+    (data / "groundtruths.jsonl").unlink()
+    first = write_demo_data(str(data), n_datums=50)
+    again = write_demo_data(str(data), n_datums=80, seed=1)      # its own files: replaced
+    assert first == again and sum(1 for _ in open(again["groundtruths"])) == 80
+    assert sorted(p.name for p in data.iterdir()) == [".evalbeam-demo.json", "groundtruths.jsonl",
+                                                      "model_a.jsonl", "model_b.jsonl"]

@@ -255,10 +255,14 @@ def _parse_schema(path, text) -> dict:
     if text is None:
         _fail(path, 'answer = "json" needs a schema')
     if isinstance(text, str):
-        try:
-            schema = json.loads(text)
-        except ValueError as error:
-            _fail(path, f"schema is not valid JSON: {error}")
+        from evalbeam.transforms.input_files import json_problem
+
+        # strict and depth-bounded, as every JSON evalbeam reads (json.loads alone raised
+        # RecursionError on a schema nested thousands deep)
+        schema, problem = json_problem(text.encode("utf-8", "surrogatepass"))
+        if problem:
+            _fail(path, f"schema is {problem}" if problem.startswith("not ") else
+                  f"schema is not usable: {problem}")
     else:
         schema = text
     if not isinstance(schema, dict):
