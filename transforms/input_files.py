@@ -33,8 +33,8 @@ import os
 import stat
 from typing import Iterator
 
-from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, SURROGATE_ESCAPE,
-                                         lone_surrogate, too_deep)
+from evalbeam.schemas.safe_json import (_DIGIT_MAP, _LONG_DIGITS, MAX_NESTING, MAX_ROW_BYTES,
+                                         SURROGATE_ESCAPE, lone_surrogate, orjson, too_deep)
 
 # A gate file, a sweep manifest, a judge template, a --label_names list, a model's config.json:
 # hand-written settings of a few KiB (a manifest of 10,000 cells is about 1 MiB).
@@ -239,6 +239,14 @@ def json_problem(raw: bytes) -> tuple[object, str | None]:
         raw = raw[len(BOM):]
     if too_deep(raw):
         return None, f"JSON nested deeper than {MAX_NESTING} levels"
+    if orjson is not None and _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
+        # orjson refuses all that json_problem refuses (NaN, Infinity, 1e999, lone surrogates,
+        # bytes that are not UTF-8) and is 5 to 10 times faster on metric records; what it
+        # refuses is parsed again below for the reason (safe_json.json_value: long digits)
+        try:
+            return orjson.loads(raw), None
+        except orjson.JSONDecodeError:
+            pass
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
