@@ -19,13 +19,21 @@ worker thread); GroupByKey groups on the pickled key, as Beam groups on the enco
 Python cannot hash group too; every PCollection that nothing consumes is
 computed, reduced to its element count so no data travels to the client.
 The other runners do not see any of this: it is chosen only by `--runner DaskRunner`.
+
+Before a run, check_scheduler makes sure that --dask_client_address names a Dask scheduler that
+answers, within a few seconds (dask.distributed's own client waits 30 s for an address where
+nothing listens, and reads an HTTP server's answer as the length of a message of exabytes).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import math
 import pickle
+import socket
+import time
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -42,6 +50,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 MAIN = None  # the tag of a ParDo's main output in the (tag, value) pairs below
 PARTITION_SIZE = 128  # elements per partition of a Create, Beam's DaskRunner's default floor
+# seconds check_scheduler waits in all for the scheduler of --dask_client_address to answer,
+# unless --dask_connection_timeout says otherwise (a scheduler answers in milliseconds)
+SCHEDULER_CHECK_SECONDS = 5.0
 
 
 def _global(value) -> WindowedValue:
@@ -236,3 +247,114 @@ class DaskRunnerResult(beam_dask.DaskRunnerResult):
         finally:
             if self._state != beam_dask.PipelineState.RUNNING:
                 self.client.close()
+
+
+def check_scheduler_option(beam_args: list[str]) -> None:
+    """check_scheduler on the --dask_client_address of these Beam options, if there is one, with
+    --dask_connection_timeout (whole seconds, more than 0) as its timeout when given, else
+    SCHEDULER_CHECK_SECONDS. Without an address dask starts a local cluster: nothing to check.
+    Raises UsageError."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    options = PipelineOptions(list(beam_args)).view_as(beam_dask.DaskOptions)
+    if not options.address:
+        return
+    timeout = options.timeout      # an int, or dask's no_default when absent or not a number
+    check_scheduler(options.address, timeout if isinstance(timeout, int) and timeout > 0
+                    else SCHEDULER_CHECK_SECONDS)
+
+
+def check_scheduler(address: str, timeout: float = SCHEDULER_CHECK_SECONDS) -> None:
+    """Raise UsageError (one paragraph: the address, what happened, what to do) unless a Dask
+    scheduler answers at `address` within `timeout` seconds in all. Nothing is written.
+
+    Two steps, under one deadline: a plain TCP connection (refused: nothing listens, at once;
+    no answer: the timeout; a host name that does not resolve), then dask's own connection and
+    handshake and an `identity` request, whose reply must say "Scheduler" (a worker's says
+    "Worker"). Anything the second step raises means the peer does not speak Dask's protocol:
+    an HTTP server's "HTTP/1.1 ..." read as a Dask message's length makes dask allocate
+    exabytes (MemoryError); garbage, or a peer that closes, fails the read; a peer that never
+    answers times out. Addresses of schemes other than tcp:// (tls://, ws://, ...) are left to
+    dask: they need security settings Beam's Dask options cannot give."""
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    from evalbeam.pipelines.common import UsageError
+
+    def refuse(what: str, todo: str = "") -> UsageError:
+        return UsageError(f"--dask_client_address {address}: {what}. "
+                          f"{todo or _START_SCHEDULER} Nothing was written.")
+
+    waited = (f"within {timeout:g} s (the check's timeout; --dask_connection_timeout SECONDS "
+              f"sets it)")
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location)
+    except ValueError as error:
+        raise refuse(f"not a Dask scheduler's address ({error})",
+                     "Give it as tcp://HOST:PORT, the address `dask scheduler` prints "
+                     "(port 8786 by default).") from None
+    if scheme not in registry.backends:
+        raise refuse(f"{scheme}:// is not a Dask protocol",
+                     "Give the scheduler's address as tcp://HOST:PORT (port 8786 by default); "
+                     "http://HOST:8787 is its dashboard, not the scheduler.")
+    if scheme != "tcp":
+        return
+    if not 0 < port < 65536:
+        raise refuse(f"port {port} is not a TCP port (1 to 65535)",
+                     "Give it as tcp://HOST:PORT, the address `dask scheduler` prints.")
+    deadline = time.monotonic() + timeout
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.gaierror as error:
+        raise refuse(f"the host name {host!r} is not known ({error.strerror})") from None
+    except ConnectionRefusedError:
+        raise refuse(f"nothing listens on port {port} of {host} (the connection was "
+                     f"refused)") from None
+    except TimeoutError:
+        raise refuse(f"{host} did not accept a connection on port {port} {waited}: a wrong "
+                     f"host, or a firewall that drops the packets") from None
+    except OSError as error:
+        raise refuse(f"{host} port {port} cannot be reached ({error.strerror or error})") from None
+    try:
+        # in a thread of its own: asyncio.run cannot run inside a running event loop (a notebook)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(asyncio.run, _identity(address, deadline)).result()
+    except TimeoutError:
+        raise refuse(f"something on port {port} of {host} accepted the connection but gave no "
+                     f"Dask answer {waited}: it is not a Dask scheduler, or a scheduler too "
+                     f"busy to answer") from None
+    except Exception:   # MemoryError included: see the docstring
+        raise refuse(f"something listens on port {port} of {host}, but it does not speak "
+                     f"Dask's protocol, so it is not a Dask scheduler (an HTTP server, such as "
+                     f"the scheduler's dashboard, or another service)") from None
+    kind = reply.get("type") if isinstance(reply, dict) else None
+    if kind == "Worker":
+        raise refuse("that is a Dask worker, not the scheduler",
+                     "Give the scheduler's address, the one the workers were started with.")
+    if kind != "Scheduler":
+        raise refuse(f"a Dask server answers there, but it is not a scheduler (it says "
+                     f"{str(kind)[:40]!r})")
+
+
+_START_SCHEDULER = ("Start the scheduler first (`dask scheduler` prints its address, port 8786 "
+                    "by default), or correct the address, which is tcp://HOST:PORT.")
+
+
+async def _identity(address: str, deadline: float):
+    """What the Dask server at address says it is (its reply to `identity`), by the deadline
+    (time.monotonic()); raises TimeoutError after it."""
+    from distributed.comm import connect
+
+    remaining = max(0.001, deadline - time.monotonic())
+
+    async def ask():
+        # dask's own timeout later than the deadline's, so that wait_for is the one that fires
+        comm = await connect(address, timeout=remaining + 1)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    return await asyncio.wait_for(ask(), remaining)

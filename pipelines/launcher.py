@@ -8,12 +8,13 @@ run's problems, and the exit code.
 
 Exit codes (run.json's status in brackets): 0 success ("complete"); 1 the run finished and wrote
 its outputs but rejected more rows than --max_rejected_fraction allows
-("complete_with_rejections"); 2 unusable command line, inputs or output folder (nothing on disk
-changed), or an input that broke off while being read ("failed"); 3 the pipeline failed
-("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the run could not
-compute what was asked ("incomplete": every row of a source rejected, a --slice key no row has,
-judge calls that failed; run.json's "problems" say which); 5 every output was written, the run
-is complete, but a gate failed (--gates; run.json's "gates" and gates.json say which).
+("complete_with_rejections"); 2 unusable command line, inputs, output folder or Dask scheduler
+(nothing on disk changed), or an input that broke off while being read ("failed"); 3 the
+pipeline failed ("failed"; no metrics.jsonl is left behind); 4 the outputs were written but the
+run could not compute what was asked ("incomplete": every row of a source rejected, a --slice
+key no row has, judge calls that failed; run.json's "problems" say which); 5 every output was
+written, the run is complete, but a gate failed (--gates; run.json's "gates" and gates.json say
+which).
 """
 
 from __future__ import annotations
@@ -375,6 +376,16 @@ def _runner_name(beam_args: tuple) -> str:
     return PipelineOptions(list(beam_args)).get_all_options().get("runner") or "DirectRunner"
 
 
+def check_runner(beam_args: list[str]) -> None:
+    """Raise UsageError when the runner these Beam options name cannot be used, before anything
+    is written: today, a Dask runner's --dask_client_address where no Dask scheduler answers
+    within a few seconds (pipelines/dask_runner.check_scheduler)."""
+    if "dask" in _runner_name(tuple(beam_args)).lower():
+        from evalbeam.pipelines.dask_runner import check_scheduler_option
+
+        check_scheduler_option(beam_args)
+
+
 def failure_of(error: Exception) -> tuple[int, str, str]:
     """(exit code, what happened, reason in one line) of a pipeline that raised `error`: an
     input that broke off while being read is the user's to fix (exit 2), anything else is a
@@ -394,10 +405,11 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
             beam_args: list[str], started: float) -> int:
     """Everything around the task's pipeline.
 
-    Expands and checks the inputs (spec.check_source raises InputError) and the output folder,
-    all without writing anything; takes the output folder (transforms.outputs), runs the
-    pipeline (build_pipeline) on Beam, and reports: one paragraph on failure, else the task's
-    summary, the run's problems and, when too many rows were rejected, the rejection message.
+    Expands and checks the inputs (spec.check_source raises InputError), the output folder and
+    the runner (check_runner), all without writing anything; takes the output folder
+    (transforms.outputs), runs the pipeline (build_pipeline) on Beam, and reports: one
+    paragraph on failure, else the task's summary, the run's problems and, when too many rows
+    were rejected, the rejection message.
     Returns the exit code, which agrees with run.json's status (transforms.outputs.EXIT_CODES)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -415,6 +427,11 @@ def run_job(spec: TaskSpec, config, args, models: dict[str, str], slices: list,
                                                            beam_args, started, after=finishing.names)
     except InputError as error:
         say_error(getattr(error, "message", str(error)))
+        return EXIT_USAGE
+    try:
+        check_runner(beam_args)
+    except UsageError as error:
+        say_error(str(error))
         return EXIT_USAGE
     num_shards = run_info["options"]["num_shards"]
     options = PipelineOptions(beam_args)
