@@ -364,6 +364,16 @@ def test_a_journal_part_that_is_a_device_or_pipe_stops_the_run_before_it_starts(
                          "EVALBEAM_JUDGE_TEST_KEY", "--judge_journal", journal, "--quiet"], capsys)
     assert done.returncode == 2 and "--judge_journal: the judge journal's" in done.stderr, done.stderr
     assert "not a regular file" in done.stderr and not out.exists()
+    # a journal that is a file: its part files cannot be written in it (the workers failed, exit 3)
+    part.unlink()
+    journal.rmdir()
+    journal.write_text("")
+    done = run_cli_here(["text", "--groundtruths", data["groundtruths"], "--predictions",
+                         f"alpha={data['alpha']}", "--metrics", "AnswerRelevance", "--output", out,
+                         "--judge_url", "http://127.0.0.1:9/v1", "--judge_api_key_env",
+                         "EVALBEAM_JUDGE_TEST_KEY", "--judge_journal", journal, "--quiet"], capsys)
+    assert done.returncode == 2 and f"{journal} is a file, not a folder" in done.stderr, done.stderr
+    assert not out.exists()
 
 
 # ---- sizes a file may ask for ------------------------------------------------------------------

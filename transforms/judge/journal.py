@@ -116,11 +116,16 @@ def journal_files(root: str) -> list[str]:
 
 
 def check_journal(root: str) -> str | None:
-    """Why the journal under root cannot be read, or None: every part file must be a regular
-    file within transforms.input_files' bound (opened and closed, not read), so that a FIFO or a
+    """Why the journal under root cannot be used, or None: root must be a folder (or absent),
+    and every part file a regular file within transforms.input_files' bound (opened and closed, not read), so that a FIFO or a
     link to a device stops the run before it starts rather than on a worker."""
+    import os
+
     from evalbeam.transforms.input_files import MAX_OUTPUT_BYTES, FileRefused, open_bounded
 
+    if "://" not in root and os.path.lexists(root) and not os.path.isdir(root):
+        # its part files are written inside it on the workers, where this failed the run
+        return f"{root} is a file, not a folder: name a folder (it is created if needed)"
     for path in journal_files(root):
         try:
             with open_bounded(path, MAX_OUTPUT_BYTES, f"the judge journal's {path}"):
