@@ -236,6 +236,38 @@ def _check_reachable(uri: str) -> None:
             f"--mlflow_tracking_uri {_shown(uri)}: no tracking server answered within "
             f"{REACH_TIMEOUT:.0f} s ({reason}). Start it (mlflow server --host HOST --port PORT), "
             "check the address, or log to a local folder (file:///PATH/mlruns).") from None
+    _check_speaks_mlflow(uri, address)
+
+
+def _check_speaks_mlflow(uri: str, address: str) -> None:
+    """Ask the REST API what log_run asks first (an experiment by name): an MLflow server
+    answers 200, or an error whose JSON body has an "error_code" (404 for no such experiment,
+    401/403 without credentials); any other answer (a web page, another service's 404) is not a
+    tracking server, which only failed after the run's work was done, with exit 3. At most
+    64 KiB of the answer is read."""
+    query = urllib.parse.urlencode({"experiment_name": DEFAULT_EXPERIMENT})
+    url = address.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?" + query
+    request = urllib.request.Request(url, method="GET", headers={"User-Agent": "evalbeam"})
+    try:
+        with urllib.request.urlopen(request, timeout=REACH_TIMEOUT) as response:
+            body, code = response.read(1 << 16), response.status
+    except urllib.error.HTTPError as error:
+        body, code = error.read(1 << 16), error.code
+    except (urllib.error.URLError, socket.timeout, TimeoutError, OSError):
+        return      # reached a moment ago: what fails now, MLflow says at log time
+    if code in (401, 403):
+        return
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and ("experiment" in answer or "error_code" in answer):
+        return
+    raise UsageError(
+        f"--mlflow_tracking_uri {_shown(uri)}: the server there is not an MLflow tracking "
+        f"server (its REST API answered HTTP {code} without MLflow's JSON). Check the address "
+        "and port (mlflow server's default port is 5000), or log to a local folder "
+        "(file:///PATH/mlruns).")
 
 
 def _check_database(uri: str, scheme: str) -> None:

@@ -353,9 +353,21 @@ def test_check_tracking_uri_on_servers():
     from evalbeam.pipelines.history import check_tracking_uri
 
     class Quiet(http.server.BaseHTTPRequestHandler):
+        """An MLflow-like API under /api and /locked, a 503 under /broken, a plain 404
+        anywhere else (another web service)."""
+
         def do_GET(self):
-            self.send_response(404 if self.path == "/" else 503)
+            api = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=evalbeam"
+            if self.path.endswith(api) and not self.path.startswith(("/broken", "/locked", "/other")):
+                self.send_response(404)
+                self.end_headers()
+                self.wfile.write(b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no"}')
+                return
+            code = 503 if self.path.startswith("/broken") else \
+                401 if self.path.startswith("/locked") and self.path.endswith(api) else 404
+            self.send_response(code)
             self.end_headers()
+            self.wfile.write(b"<html>Not Found</html>")
 
         def log_message(self, *args):
             pass
@@ -365,9 +377,14 @@ def test_check_tracking_uri_on_servers():
     thread.start()
     try:
         port = server.server_address[1]
-        check_tracking_uri(f"http://127.0.0.1:{port}")          # any answer but a 5xx: reachable
+        check_tracking_uri(f"http://127.0.0.1:{port}")          # MLflow's JSON error: a tracking server
+        check_tracking_uri(f"http://127.0.0.1:{port}/locked")   # credentials are MLflow's to check
         with pytest.raises(UsageError, match="HTTP 503"):
             check_tracking_uri(f"http://user:secret@127.0.0.1:{port}/broken")
+        # another service's 404 page: refused before the run, not after it (exit 3)
+        with pytest.raises(UsageError, match="not an MLflow tracking server") as error:
+            check_tracking_uri(f"http://user:secret@127.0.0.1:{port}/other")
+        assert "secret" not in str(error.value)
     finally:
         server.shutdown()
         server.server_close()
