@@ -12,18 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # 100 megapixels: a 10,000 x 10,000 image. A datum of that size takes, while it is matched,
-# about 4 bytes a pixel (8-bit label maps: 0.4 GB) to 8 bytes a pixel (segment rows, 16-bit label
-# maps: 0.8 GB) on top of the worker's own ~0.2 GB (measured on the DirectRunner); a 13,000 x
-# 13,000 label map (169 megapixels) needs --max_image_pixels 169000000 and 0.7 to 1.4 GB per
-# worker at a time.
+# about 3 bytes a pixel (RLE segment rows: 0.26 GB), 4 (8-bit label maps: 0.4 GB) or 8 (rows of
+# mask files, 16-bit label maps: 0.8 GB) on top of the worker's own ~0.2 GB (measured on the
+# DirectRunner); a 13,000 x 13,000 label map (169 megapixels) needs --max_image_pixels 169000000
+# and 0.7 to 1.4 GB per worker at a time.
 MAX_IMAGE_PIXELS = 100_000_000
 # pycocotools keeps RLE run lengths in 32-bit unsigned integers: no image can be larger.
 MAX_RLE_PIXELS = 2**32 - 1
 # The bytes read from one mask or label-map file (PNG, .npy): a 100-megapixel 8- or 16-bit
 # image fits with room; reading stops at the bound, so /dev/zero-like inputs cost nothing more.
 MAX_MASK_BYTES = 256 << 20
-# Segments of one row: their numbers are stored as uint16 pixel ids (0 = no segment).
+# Segments of one row: their numbers are stored as uint16 pixel ids (0 = no segment). RLE
+# segments cost one pass over the image and their runs however many there are (overlaps are found
+# from the runs: 40 RLEs piled on one 10,000 x 10,000 area took one to two minutes when each
+# was decoded, 2 ms now); mask files are bounded by MASK_FILE_IMAGES_PER_ROW.
 MAX_SEGMENTS_PER_ROW = 65_535
+# The pixels of one segmentation row's mask files (mask_uri), in all, as images of
+# --max_image_pixels pixels: each file is read and decoded whole (about 2 s per 100 megapixels:
+# PNG decoding, then painting), so a row could name the same 100-megapixel PNG 65,535 times and
+# take a day and a half. 40 images' worth (4 billion pixels by default, about 80 s) is 40
+# full-sized masks, or 2,000 two-megapixel (Cityscapes-sized) ones; RLE segments and label maps
+# cost one pass whatever their number, and are the way past the bound.
+MASK_FILE_IMAGES_PER_ROW = 40
 # Distinct labels of a segmentation run: each (model, slice) keeps a dense (K + 1)^2 int64 pixel
 # matrix, 32 MB at 2,000 labels (LVIS has 1,203 classes, ADE20K-847 has 847), 32 GiB at 65,536.
 MAX_LABELS = 2_000
@@ -98,6 +108,19 @@ def image_size_problem(height, width, limit: int = MAX_IMAGE_PIXELS, what: str =
         return (f"{what} of {height} x {width} = {height * width:,} pixels exceeds the limit of "
                 f"{limit:,} pixels per row (--max_image_pixels raises it)")
     return None
+
+
+def mask_files_problem(n_files: int, height: int, width: int,
+                       max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
+    """Why a segmentation row of height x width pixels whose segments name n_files mask files is
+    not evaluated, or None: the files' pixels, n_files x height x width, must be at most
+    MASK_FILE_IMAGES_PER_ROW x max_pixels (so one file of max_pixels always fits)."""
+    pixels, limit = n_files * height * width, MASK_FILE_IMAGES_PER_ROW * max_pixels
+    if pixels <= limit:
+        return None
+    return (f"the row's {n_files:,} mask files of {height} x {width} pixels are {pixels:,} pixels to "
+            f"decode, more than the limit of {limit:,} per row ({MASK_FILE_IMAGES_PER_ROW} x "
+            "--max_image_pixels): give the segments as RLEs, or the row as one label map")
 
 
 def file_size_problem(n_bytes: int, limit: int, what: str) -> str | None:

@@ -12,9 +12,11 @@ unreadable files) is checked by the matching step, which decodes them.
 
 Bounds (schemas/limits.py): a row's shape and every RLE size are at most `max_pixels`
 (--max_image_pixels), checked here before anything is decoded; a row holds at most
-MAX_SEGMENTS_PER_ROW segments; a datum_uid is at most MAX_UID_CHARS characters; a segment label
-is at most MAX_LABEL_CHARS characters; a --slice metadata value must be JSON-writable (no NaN or
-Infinity) and at most MAX_SLICE_CHARS characters as JSON.
+MAX_SEGMENTS_PER_ROW segments, and mask files of at most MASK_FILE_IMAGES_PER_ROW x max_pixels
+pixels in all (each file is decoded whole; RLE segments cost one pass over the image whatever
+their number); a datum_uid is at most MAX_UID_CHARS characters; a segment label is at most
+MAX_LABEL_CHARS characters; a --slice metadata value must be JSON-writable (no NaN or Infinity)
+and at most MAX_SLICE_CHARS characters as JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass, field
 
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, MAX_UID_CHARS,
-                                     image_size_problem, label_length_problem, uid_length_problem)
+                                     image_size_problem, label_length_problem, mask_files_problem,
+                                     uid_length_problem)
 from evalbeam.schemas.safe_json import slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -69,7 +72,11 @@ def _segments_problem(segments: list, shape, max_pixels: int) -> str | None:
     if len(segments) > MAX_SEGMENTS_PER_ROW:
         return (f"a row holds at most {MAX_SEGMENTS_PER_ROW:,} segments (one per label); this one "
                 f"has {len(segments):,}")
-    return next((p for p in (_segment_problem(s, shape, max_pixels) for s in segments) if p), None)
+    problem = next((p for p in (_segment_problem(s, shape, max_pixels) for s in segments) if p), None)
+    if problem:
+        return problem
+    n_files = sum(1 for s in segments if "mask_uri" in s)
+    return mask_files_problem(n_files, shape[0], shape[1], max_pixels) if n_files else None
 
 
 def _segment_problem(segment, shape, max_pixels: int) -> str | None:

@@ -119,9 +119,11 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
     """(ids[h, w], id -> code table, [codes of the row's segment labels]) or RowProblem.
 
     Label maps keep their class ids and use the --label_names table; segments become segment
-    numbers (label_ids) with their own table, decoded one at a time. Unknown ids are found
-    later, by pixel_confusion. Files are read within `limits` (transforms/mask_files.py); RLE sizes
-    were bounded when the row was read."""
+    numbers (label_ids) with their own table: RLE segments are painted from their runs (never
+    decoded one by one; overlapping ones are found from the runs), mask files are read and
+    painted one at a time after them. Unknown ids are found later, by pixel_confusion. Files are
+    read within `limits` (transforms/mask_files.py); RLE sizes and run lengths were checked, and
+    mask files per row bounded (schemas/segmentation_rows.py), when the row was read."""
     if row.label_map is not None:
         if table is None:
             raise RowProblem("label_map_uri needs --label_names (class id -> label name)")
@@ -137,29 +139,24 @@ def decode(row: SegmentRow, codes: dict, table: np.ndarray | None, groundtruth: 
         if ids.dtype.kind == "i" and ids.size and int(ids.min()) < 0:
             raise RowProblem(f"label map {row.label_map} has negative ids")
         return ids, table, []
-    from pycocotools import mask as mask_utils
-
-    from evalbeam.schemas.coco import to_rle
-
     h, w = row.shape
+    rles = {i: payload["counts"] for i, (_, kind, payload) in enumerate(row.segments) if kind == "rle"}
 
     def masks():
         for i, (label, kind, payload) in enumerate(row.segments):
             if kind == "rle":
-                # pycocotools decodes to uint8 0/1, which is a valid bool array as it is
-                mask = mask_utils.decode(to_rle(payload, h, w)).view(bool)
-            else:
-                try:
-                    mask = read_array(payload, limits) != 0
-                except MaskFileError as error:
-                    raise RowProblem(f"segment {i} ({label}): {error}") from None
+                continue
+            try:
+                mask = read_array(payload, limits) != 0
+            except MaskFileError as error:
+                raise RowProblem(f"segment {i} ({label}): {error}") from None
             if mask.shape != (h, w):
                 raise RowProblem(f"segment {i} ({label}): mask shape {list(mask.shape)} differs from "
                                  f"the row's shape {[h, w]}")
-            yield mask
+            yield i, mask
 
     segment_codes = [codes[label] for label, _, _ in row.segments]
-    ids, overlap = label_ids((h, w), masks(), len(row.segments))
+    ids, overlap = label_ids((h, w), rles, masks(), len(row.segments))
     if overlap:
         whose = "ground-truth" if groundtruth else "prediction"
         raise RowProblem(f"{whose} segments overlap on {overlap} pixels (each pixel takes one label)")

@@ -321,7 +321,7 @@ def test_inputs_that_stop_the_run_before_it_starts(tmp_path, capsys):
          "gt.jsonl.gz does not end as a complete compressed file"),
         (["--groundtruths", detection, "--predictions", good], "evaluate it with 'evalbeam detection'"),
         (["--groundtruths", good, "--predictions", good, "--label_names", tmp_path / "names.json"],
-         "names.json is not a regular file"),
+         "names.json: not a regular file"),
         (["--groundtruths", good, "--predictions", good, "--max_image_pixels", "0"],
          "--max_image_pixels must lie in [1, 4294967295]"),
         (["--groundtruths", good, "--predictions", good, "--max_mask_bytes", "0"],
