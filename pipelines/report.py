@@ -167,12 +167,13 @@ def vega_bundle() -> str:
     folder = os.environ.get("EVALBEAM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "evalbeam")
     path = os.path.join(folder, f"vega-bundle-{re.sub(r'[^A-Za-z0-9.]', '_', version)}.js")
-    try:
-        with open(path, encoding="utf-8") as cached:
-            text = cached.read()
+    from evalbeam.transforms.input_files import InputError, read_text
+
+    try:   # through the reading door: a cache file made a FIFO or a link to /dev/zero is rebuilt
+        text = read_text(path, 64 << 20)
         if text.endswith("\n//evalbeam-end\n"):
             return text[: -len("\n//evalbeam-end\n")]
-    except OSError:
+    except InputError:
         pass
     text = vl_convert.javascript_bundle().replace("</script", "<\\/script").replace("<!--", "<\\!--")
     try:

@@ -433,3 +433,31 @@ def test_the_demo_replaces_only_its_own_data_files(tmp_path, capsys):
     assert first == again and sum(1 for _ in open(again["groundtruths"])) == 80
     assert sorted(p.name for p in data.iterdir()) == [".evalbeam-demo.json", "groundtruths.jsonl",
                                                       "model_a.jsonl", "model_b.jsonl"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "latin1"])
+def test_a_report_cache_file_that_is_not_a_bundle_is_rebuilt(tmp_path, monkeypatch, kind):
+    """The vega bundle cache (~/.cache/evalbeam) was read with open(): a FIFO there hung every
+    report, a link to /dev/zero never ended, bytes that are not UTF-8 raised."""
+    import re
+
+    import vl_convert
+
+    from evalbeam.pipelines import report
+
+    monkeypatch.setenv("EVALBEAM_CACHE_DIR", str(tmp_path))
+    report.vega_bundle.cache_clear() if hasattr(report.vega_bundle, "cache_clear") else None
+    version = re.sub(r"[^A-Za-z0-9.]", "_", getattr(vl_convert, "__version__", "unknown"))
+    path = tmp_path / f"vega-bundle-{version}.js"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(b"\xff\xfe" * 10)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("text", report.vega_bundle()), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive() and "vega" in result["text"][:100000].lower()
+    assert path.is_file() and not path.is_symlink()          # rebuilt and replaced atomically
