@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
+import evalbeam.transforms.kernels.bootstrap as bootstrap_kernel
 from evalbeam.transforms.kernels.bootstrap import (
-    MAX_WEIGHT, PROPORTION, REPLICATES, Bootstrap, attach_replicates, benjamini_hochberg,
-    bootstrap_p_value, mcnemar_exact, percentile_interval, poisson_weights, record_identity,
-    wilson_interval,
+    _POISSON_CDF, MAX_WEIGHT, PROPORTION, REPLICATES, Bootstrap, attach_replicates,
+    benjamini_hochberg, bootstrap_p_value, mcnemar_exact, percentile_interval, poisson_weights,
+    record_identity, replicate_blocks, weighted_sums, weights_of_draws, wilson_interval,
 )
-from evalbeam.transforms.kernels.exact_sum import total_value, weighted_exact_totals
+from evalbeam.transforms.kernels.exact_sum import total_value, weighted_exact_totals, weighted_totals
 
 statsmodels = pytest.importorskip("statsmodels", reason="the paired-test oracles need statsmodels")
 
@@ -81,6 +83,39 @@ def test_weights_are_the_documented_generator(seed):
     w = poisson_weights(np.array(h, dtype=np.uint64), 5, seed)
     expected = [[_documented_weight(x, r, seed) for x in h] for r in range(5)]
     assert w.tolist() == expected
+
+
+def test_weights_near_every_bound_of_the_cdf_are_the_cdf_search():
+    """weights_of_draws reads most weights from a table of the draws' top 16 bits; on both
+    sides of every bound of the CDF (and across the 2^-16 intervals holding one), it must give
+    what searching the CDF for every draw gives."""
+    near = []
+    for bound in _POISSON_CDF:
+        top = int(bound * (1 << 53))
+        near.append(np.arange(max(0, top - 5000), min(1 << 53, top + 5000), dtype=np.uint64))
+        start = (top >> 37) << 37        # the whole 2^-16 interval around the bound, sparsely
+        near.append(np.arange(start, start + (1 << 37), 1 << 20, dtype=np.uint64))
+    top53 = np.concatenate(near + [np.random.default_rng(1).integers(0, 1 << 53, 200_000).astype(np.uint64)])
+    for low_bits in (0, 2047):   # the 11 bits below the uniform's 53 do not matter
+        u = (top53 << np.uint64(11)) | np.uint64(low_bits)
+        searched = np.searchsorted(_POISSON_CDF, top53.astype(np.float64) / (1 << 53), side="right")
+        assert np.array_equal(weights_of_draws(u), searched)
+
+
+def test_blocks_of_replicates_are_the_rows_of_the_whole():
+    h = np.random.default_rng(3).integers(0, 2 ** 63, 777, dtype=np.int64).astype(np.uint64)
+    bootstrap = Bootstrap(50, seed=9)
+    whole = bootstrap.weights(h)
+    blocks = replicate_blocks(50, bytes_per_replicate=777, budget=777 * 7)
+    assert blocks == [(i, min(i + 7, 50)) for i in range(0, 50, 7)]
+    assert np.array_equal(np.concatenate([bootstrap.weights(h, a, b) for a, b in blocks]), whole)
+    assert np.array_equal(poisson_weights(h, 5, 9, first=45), whole[45:])
+    assert bootstrap.weights(h, 20, 20).shape == (0, 777)
+    # at least one replicate per block, whatever it costs; none without replicates
+    assert replicate_blocks(3, bytes_per_replicate=10 ** 12) == [(0, 1), (1, 2), (2, 3)]
+    assert replicate_blocks(0, 100) == []
+    with pytest.raises(ValueError, match="not within"):
+        bootstrap.weights(h, 40, 51)
 
 
 def test_bootstrap_checks_its_arguments():
@@ -192,6 +227,38 @@ def test_weighted_exact_totals_are_exact(seed):
         weighted_exact_totals(x, w[:, :10])
 
 
+def test_weighted_sums_in_blocks_of_replicates_are_those_of_all_at_once(monkeypatch):
+    """The replicates' weighted sums (exact_sum.weighted_totals, weighted_exact_totals,
+    bootstrap.weighted_sums) convert the weights to float64 or int64 a block of replicates at a
+    time: 8 bytes per datum and replicate for all R at once was 16 MB here (400 x 5,000) and
+    grows with R x datums per shard. Same sums, bit for bit, with blocks of one replicate, and
+    a peak below the converted matrix."""
+    rng = np.random.default_rng(7)
+    n, R = 5000, 400
+    weights = poisson_weights(rng.integers(0, 2 ** 63, n, dtype=np.int64).astype(np.uint64), R, 2)
+    values = np.c_[rng.random(n), rng.random(n) * 2.0 ** rng.integers(-3, 3, n),
+                   -rng.random(n)]                      # the last column: the slow path
+    counts = rng.integers(0, 50, (n, 3))
+    columns = rng.permutation(n)[: n // 2]
+
+    def sums():
+        return (weighted_totals(values, weights), weighted_exact_totals(values[:, 1], weights),
+                weighted_sums(weights, columns, counts[columns]).tolist())
+
+    whole = sums()
+    assert whole[2] == (weights[:, columns].astype(np.int64) @ counts[columns]).tolist()
+    monkeypatch.setattr(bootstrap_kernel, "REPLICATE_BLOCK_BYTES", 1)
+    assert sums() == whole
+    monkeypatch.setattr(bootstrap_kernel, "REPLICATE_BLOCK_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        weighted_totals(values[:, :2], weights)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * n * R / 2, peak
+
+
 # --- records ------------------------------------------------------------------------------
 
 def test_attach_replicates_matches_by_identity():
@@ -205,6 +272,10 @@ def test_attach_replicates_matches_by_identity():
     out = attach_replicates(point, reps, ident)
     assert out[0][REPLICATES] == [0.4, None, None]
     assert REPLICATES not in out[1]
+
+    # a generator of the replicates' lists (detection's valor protocol makes them one at a time)
+    point = [{"type": "A", "value": 0.5, "parameters": {"k": 1}}]
+    assert attach_replicates(point, iter(reps), ident)[0][REPLICATES] == [0.4, None, None]
 
 
 # --- the Beam step ------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Data flow (see pipelines/DESIGN.md): rows of every source are validated and spli
 GroupByKey(shard) -> MatchClassification joins ground truths and each model's predictions of the
 shard and runs the numpy kernel per (model, slice) into a ClassificationState ->
 combine_states (transforms/merge.py) adds the partial states -> records_of(state_records). With a
-bootstrap (kernels.bootstrap), each shard draws its datums' weights once and every state also
+bootstrap (kernels.bootstrap), each shard draws its datums' weights once (or, past
+SHARED_WEIGHTS_BYTES, each state draws its own in blocks of replicates) and every state also
 carries the replicates' weighted counts; the records then hold internal replicate fields that
 transforms.uncertainty turns into intervals. Beside it,
 Vocabularies collects each source's label values (bounded: a key with more values than
@@ -39,7 +40,7 @@ from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG
                                     ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
                                     line_splittable, open_span, qualified, role_of,
                                     shard_range, span_of, span_text, truth_of)
-from evalbeam.transforms.kernels.bootstrap import record_identity
+from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
 from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
@@ -52,6 +53,10 @@ PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 # asked for, FilesJob.presence).
 TAG_PRESENCE = "presence"
 TAG_OUTCOMES = "outcomes"
+# The most a shard's bootstrap weights (one byte per datum and replicate) may take to be drawn
+# once and shared by its states; beyond it each state draws its own in blocks of replicates
+# (MatchClassification._weights). The default shard count keeps them near 100 MB.
+SHARED_WEIGHTS_BYTES = 256 << 20
 
 
 def schema_of(source: str) -> pa.Schema:
@@ -355,8 +360,7 @@ class MatchClassification(ProgressDoFn):
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", truth), n_dropped))
             yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", truth), len(gt)))
             groups = slice_groups(gt, self.slice_specs)
-            # one weight column per datum of the shard, shared by every model, slice and key
-            weights = None if self.bootstrap is None else self.bootstrap.weights(gt.hash)
+            weights = self._weights(gt.hash)
             if self.presence:
                 for slice_json, rows in groups:
                     yield beam.pvalue.TaggedOutput(
@@ -392,8 +396,7 @@ class MatchClassification(ProgressDoFn):
                 predicted[datum[datum >= 0]] = True
             for slice_json, rows in groups:
                 yield (model, slice_json), self._slice_state(
-                    gt, gt_values, entries, rows, vocab,
-                    None if weights is None else weights[:, rows])
+                    gt, gt_values, entries, rows, vocab, self._slice_weights(weights, rows))
                 if self.presence:
                     yield beam.pvalue.TaggedOutput(
                         TAG_PRESENCE, (slice_json, (model, gt.hash[rows[predicted[rows]]])))
@@ -402,6 +405,28 @@ class MatchClassification(ProgressDoFn):
         self.matched += 1
         self.progress.say("match", f"matched shard {shard} ({self.matched} in this worker, "
                                    f"{self.num_shards} in all)")
+
+    def _weights(self, hashes: np.ndarray):
+        """The bootstrap weights of the shard's datums for match_key: None without bootstrap;
+        uint8[R, n], drawn once and shared by every model, slice and key, while they take at
+        most SHARED_WEIGHTS_BYTES; else the Bootstrap, from which each match_key draws its own
+        datums' weights a block of replicates at a time (each draw is repeated per model, slice
+        and key, but a shard's memory stops growing with R x datums)."""
+        if self.bootstrap is None:
+            return None
+        if self.bootstrap.replicates * hashes.size <= SHARED_WEIGHTS_BYTES:
+            return self.bootstrap.weights(hashes)
+        return self.bootstrap
+
+    @staticmethod
+    def _slice_weights(weights, rows: np.ndarray):
+        """The weights of the datums `rows` of the shard (_weights): the columns of the shared
+        array (no copy for the whole shard), or the Bootstrap as it is."""
+        if weights is None or isinstance(weights, Bootstrap):
+            return weights
+        if rows.size == weights.shape[1] and np.array_equal(rows, np.arange(rows.size)):
+            return weights
+        return weights[:, rows]
 
     @staticmethod
     def _positions(gt, rows) -> np.ndarray:

@@ -10,8 +10,11 @@ order or runner.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import random
+import tracemalloc
 from pathlib import Path
 
 import apache_beam as beam
@@ -22,9 +25,12 @@ from helpers import read_jsonl, run_classification, write_jsonl
 from sklearn import metrics as skm
 from test_classification_kernel import KeyData, make_key, oracle_records, random_key
 
+import evalbeam.transforms.classification as classification_plumbing
+import evalbeam.transforms.kernels.bootstrap as bootstrap_kernel
 from evalbeam.pipelines.common import local_pipeline
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap, wilson_interval
+from evalbeam.transforms.kernels.calibration import CALIBRATION_TYPES
 from evalbeam.transforms.kernels.classification import (ClassificationConfig, datum_correct,
                                                         key_metrics, match_key)
 from evalbeam.transforms.kernels.ranking import ROC_BINS, replicate_roc_auc, roc_bins
@@ -39,9 +45,17 @@ def record_id(record: dict) -> str:
 
 
 def kernel(data: KeyData, config: ClassificationConfig, bootstrap: Bootstrap | None):
+    """match_key's state with bootstrap's weights (config's bootstrap set to it: the ROC AUC
+    replicates draw their weights again from it)."""
     weights = None if bootstrap is None else bootstrap.weights(data.hashes)
+    if bootstrap is not None:
+        config = with_bootstrap(config, bootstrap)
     return match_key(data.gt, data.hashes, pa.array(data.uids, pa.string()), data.datum,
                      data.value, data.score, len(data.vocab), config, weights)
+
+
+def with_bootstrap(config: ClassificationConfig, bootstrap: Bootstrap) -> ClassificationConfig:
+    return dataclasses.replace(config, bootstrap=bootstrap)
 
 
 def duplicated(data: KeyData, w: np.ndarray) -> KeyData:
@@ -67,7 +81,8 @@ def assert_replicates_match_oracle(data: KeyData, config: ClassificationConfig,
                                    bootstrap: Bootstrap) -> list[dict]:
     """Every scalar record's REPLICATES equals the oracle on each duplicated dataset (None where
     the duplicated dataset has no such record or an undefined value). Returns the records."""
-    records = key_metrics(kernel(data, config, bootstrap), "class", data.vocab, config)
+    records = key_metrics(kernel(data, config, bootstrap), "class", data.vocab,
+                          with_bootstrap(config, bootstrap))
     weights = bootstrap.weights(data.hashes)
     scalar = [r for r in records if isinstance(r["value"], float)]
     assert scalar and all(REPLICATES in r for r in scalar)
@@ -145,17 +160,19 @@ def test_merged_replicates_do_not_depend_on_split_or_order(seed):
     data = random_key(rng, 700, 6)
     config = ClassificationConfig(score_thresholds=THRESHOLDS, hardmax=bool(seed % 2))
     bootstrap = Bootstrap(12, seed=seed)
-    whole = key_metrics(kernel(data, config, bootstrap), "class", data.vocab, config)
+    whole = key_metrics(kernel(data, config, bootstrap), "class", data.vocab,
+                        with_bootstrap(config, bootstrap))
     part = rng.integers(0, 5, data.gt.size)
     states = [kernel(data.subset(np.flatnonzero(part == j)), config, bootstrap) for j in range(5)]
     order = rng.permutation(5)
     merged = states[order[0]].copy()
     for j in order[1:]:
         merged.merge(states[j], config)
-    split = key_metrics(merged, "class", data.vocab, config)
+    split = key_metrics(merged, "class", data.vocab, with_bootstrap(config, bootstrap))
     assert split == whole     # exact: integer counts
     shuffled = data.subset(rng.permutation(data.gt.size))
-    assert key_metrics(kernel(shuffled, config, bootstrap), "class", data.vocab, config) == whole
+    assert key_metrics(kernel(shuffled, config, bootstrap), "class", data.vocab,
+                       with_bootstrap(config, bootstrap)) == whole
 
 
 def test_bootstrap_off_changes_nothing():
@@ -163,7 +180,8 @@ def test_bootstrap_off_changes_nothing():
     config = ClassificationConfig(score_thresholds=THRESHOLDS)
     plain = key_metrics(kernel(data, config, None), "class", data.vocab, config)
     assert all(REPLICATES not in r and PROPORTION not in r for r in plain)
-    with_reps = key_metrics(kernel(data, config, Bootstrap(5)), "class", data.vocab, config)
+    with_reps = key_metrics(kernel(data, config, Bootstrap(5)), "class", data.vocab,
+                            with_bootstrap(config, Bootstrap(5)))
     stripped = [{k: v for k, v in r.items() if k not in (REPLICATES, PROPORTION)} for r in with_reps]
     assert json.dumps(stripped) == json.dumps(plain)
     state = kernel(data, config, None)
@@ -187,8 +205,8 @@ def test_roc_auc_replicates_with_many_distinct_scores_stay_within_the_stated_bou
     config = ClassificationConfig(metrics=frozenset({"ROCAUC"}))
     bootstrap = Bootstrap(6, seed=1)
     state = kernel(data, config, bootstrap)
-    records = key_metrics(state, "class", data.vocab, config)
-    hist = state.replicates.compact()
+    records = key_metrics(state, "class", data.vocab, with_bootstrap(config, bootstrap))
+    hist = state.replicates.histogram(bootstrap)
     weights = bootstrap.weights(data.hashes)
     worst_bound = 0.0
     for v, record in enumerate(records[:3]):
@@ -209,6 +227,88 @@ def test_roc_bins_shrink_with_the_vocabulary():
         [4096, 4096, 2048, 512, 64, 8, 1, 1]
 
 
+def _continuous_key(n: int, V: int, seed: int) -> KeyData:
+    """n datums, V values, 9-decimal scores for every value: most of the 4,097 score bins of
+    every value hold a datum (the dense case of the replicate histograms)."""
+    rng = np.random.default_rng(seed)
+    gt = rng.integers(0, V, n)
+    S = np.clip(rng.random((n, V)) * 0.6 + 0.4 * (gt[:, None] == np.arange(V)), 0, 1).round(9)
+    return make_key(gt, [f"d{i}" for i in range(n)], S, np.ones((n, V), bool),
+                    [f"v{i}" for i in range(V)])
+
+
+ROC_ONLY = ClassificationConfig(metrics=frozenset({"ROCAUC", "mROCAUC"}))
+
+
+def test_roc_auc_replicate_state_does_not_grow_with_the_replicates():
+    """Issue 39: the state kept R weighted score histograms (16 R bytes per occupied (value,
+    bin): 5.9 GB in all for 20,000 datums x 3 classes at R = 10,000). It keeps the entries'
+    hashes and bins instead, so a state's pickle grows with R only by its replicate counts
+    (n_pop, n_gt, n_pred, tp, fp: 8 R (1 + 2V + 2TV) bytes)."""
+    data = _continuous_key(3000, 3, seed=12)
+    size = {R: len(pickle.dumps(kernel(data, ROC_ONLY, Bootstrap(R, seed=1)))) for R in (10, 400)}
+    V, T = 3, 1
+    counts = 8 * (400 - 10) * (1 + 2 * V + 2 * T * V)        # 40,560 bytes
+    assert size[400] - size[10] <= counts + 2_000, size      # the histograms: about 38 MB
+
+
+def test_roc_auc_replicates_in_blocks_are_those_of_all_replicates_at_once(monkeypatch):
+    """The records step rebuilds the replicate histograms a block of replicates at a time
+    (kernels.bootstrap.REPLICATE_BLOCK_BYTES, here 1 MiB): its peak stays near the block while
+    the histogram of all 300 replicates takes 29 MB, and every value is that of the histogram
+    of all replicates at once (what the state held before issue 39), bit for bit."""
+    R, V = 300, 3
+    data = _continuous_key(3000, V, seed=13)
+    bootstrap = Bootstrap(R, seed=4)
+    config = with_bootstrap(ROC_ONLY, bootstrap)
+    state = kernel(data, config, bootstrap)
+    hist = state.replicates.histogram(bootstrap)
+    whole = [replicate_roc_auc(*hist.segment(v, roc_bins(V)))[0].tolist() for v in range(V)]
+    assert 16 * R * len(hist) > 29_000_000
+    del hist
+    monkeypatch.setattr(bootstrap_kernel, "REPLICATE_BLOCK_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        records = key_metrics(state, "class", data.vocab, config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    aucs = [r for r in records if r["type"] == "ROCAUC"]
+    assert [r[REPLICATES] for r in aucs] == whole    # continuous scores: defined everywhere
+    assert peak < 3 << 20, peak        # 9.7 MB before issue 39, beside the 29 MB state
+
+
+def test_match_key_draws_the_weights_in_blocks_when_given_the_bootstrap(monkeypatch):
+    """Given the Bootstrap instead of its weights (as MatchClassification does when a shard's
+    weights would take more than SHARED_WEIGHTS_BYTES), match_key draws them a block of
+    replicates at a time, and so do the calibration replicates: the records are those made
+    from the weights of all replicates, bit for bit, in blocks of any size."""
+    data = random_key(np.random.default_rng(31), 600, 5)
+    bootstrap = Bootstrap(23, seed=6)
+    config = with_bootstrap(ClassificationConfig(
+        score_thresholds=THRESHOLDS, metrics=frozenset(SCALAR) | frozenset(CALIBRATION_TYPES)),
+        bootstrap)
+    uids = pa.array(data.uids, pa.string())
+
+    def records(weights):
+        state = match_key(data.gt, data.hashes, uids, data.datum, data.value, data.score,
+                          len(data.vocab), config, weights)
+        return key_metrics(state, "class", data.vocab, config)
+
+    whole = records(bootstrap.weights(data.hashes))
+    assert any(REPLICATES in r for r in whole if r["type"] == "ECE")
+    assert records(bootstrap) == whole
+    monkeypatch.setattr(bootstrap_kernel, "REPLICATE_BLOCK_BYTES", 4096)   # blocks of 1-3
+    assert records(bootstrap) == whole
+    assert records(bootstrap.weights(data.hashes)) == whole
+    with pytest.raises(ValueError, match="config.bootstrap"):
+        match_key(data.gt, data.hashes, uids, data.datum, data.value, data.score,
+                  len(data.vocab), config, Bootstrap(23, seed=7))
+    with pytest.raises(ValueError, match="not config.bootstrap's"):
+        match_key(data.gt, data.hashes, uids, data.datum, data.value, data.score,
+                  len(data.vocab), config, Bootstrap(23, seed=7).weights(data.hashes))
+
+
 def test_roc_bins_are_exact_when_every_bin_holds_one_score():
     rng = np.random.default_rng(3)
     n = 2000
@@ -217,7 +317,7 @@ def test_roc_bins_are_exact_when_every_bin_holds_one_score():
     data = make_key(gt, [f"d{i}" for i in range(n)], S, np.ones((n, 2), bool), ["x", "y"])
     config = ClassificationConfig(metrics=frozenset({"ROCAUC"}))
     state = kernel(data, config, Bootstrap(4, seed=9))
-    hist = state.replicates.compact()
+    hist = state.replicates.histogram(Bootstrap(4, seed=9))
     for v in range(2):
         _, bound = replicate_roc_auc(*hist.segment(v, roc_bins(2)))
         assert (bound == 0).all()
@@ -308,6 +408,15 @@ def test_intervals_do_not_depend_on_shards_or_input_order(small, reference, tmp_
 
 
 # The multi-process runner's intervals: tests/test_golden.py runs classification_bootstrap on it.
+
+
+def test_states_that_draw_their_own_weights_give_the_same_intervals(small, reference, tmp_path,
+                                                                    monkeypatch):
+    """A shard whose weights would take more than SHARED_WEIGHTS_BYTES (here: any) lets each
+    state draw its own, in blocks of replicates (here a few at a time): the same bytes."""
+    monkeypatch.setattr(classification_plumbing, "SHARED_WEIGHTS_BYTES", 0)
+    monkeypatch.setattr(bootstrap_kernel, "REPLICATE_BLOCK_BYTES", 4096)
+    assert _run(small, tmp_path / "drawn", *BOOT, "--num_shards", "2") == reference
 
 
 def test_point_values_are_the_run_without_bootstrap(small, reference, tmp_path):

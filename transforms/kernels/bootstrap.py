@@ -56,15 +56,45 @@ PROPORTION = "_proportion"    # [successes, trials]: the value is a proportion o
 # uint64 draws held at once by poisson_weights (8 MB)
 _DRAW_BLOCK = 1 << 20
 
+# The weight of each value of the top 16 bits of u: every uniform whose top 16 bits are b lies
+# in [b 2^-16, (b + 1) 2^-16), and where that interval does not straddle a bound of
+# _POISSON_CDF all of them draw the same weight. _AMBIGUOUS marks the (at most MAX_WEIGHT)
+# intervals that do; their draws are settled by the CDF itself. Same weights as searching the
+# CDF for every draw (measured 1.5 times as fast for the whole draw).
+_TOP_BITS = 16
+_AMBIGUOUS = 255
+
+
+def _top_bits_table() -> np.ndarray:
+    shift = 53 - _TOP_BITS
+    low = np.arange(1 << _TOP_BITS, dtype=np.uint64) << np.uint64(shift)
+    high = low + np.uint64((1 << shift) - 1)
+    scale = 1.0 / (1 << 53)
+    first = np.searchsorted(_POISSON_CDF, low.astype(np.float64) * scale, side="right")
+    last = np.searchsorted(_POISSON_CDF, high.astype(np.float64) * scale, side="right")
+    return np.where(first == last, first, _AMBIGUOUS).astype(np.uint8)
+
+
+_WEIGHT_OF_TOP_BITS = _top_bits_table()
+
+# Memory a replicate loop may hold at once (replicate_blocks): blocks of replicates of at most
+# this many bytes of per-replicate arrays keep a step's peak the same whatever R is.
+REPLICATE_BLOCK_BYTES = 64 << 20
+
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     x = np.asarray(x, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        x = x + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _MIX1
-        x = (x ^ (x >> np.uint64(27))) * _MIX2
-        return x ^ (x >> np.uint64(31))
+        x = x + _GOLDEN          # a new array: the steps below work in place on it
+        shifted = np.empty_like(x)
+        for shift, multiplier in ((30, _MIX1), (27, _MIX2)):
+            np.right_shift(x, np.uint64(shift), out=shifted)
+            x ^= shifted
+            x *= multiplier
+        np.right_shift(x, np.uint64(31), out=shifted)
+        x ^= shifted
+        return x
 
 
 @dataclass(frozen=True)
@@ -91,17 +121,23 @@ class Bootstrap:
     def enabled(self) -> bool:
         return self.replicates > 0
 
-    def weights(self, datum_hashes) -> np.ndarray:
-        """uint8[R, n]: the weight of each datum (by its uint64 datum_uid hash) in each
-        replicate. Row r is replicate r; the same hash gets the same column everywhere."""
-        return poisson_weights(datum_hashes, self.replicates, self.seed)
+    def weights(self, datum_hashes, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """uint8[stop - first, n]: the weight of each datum (by its uint64 datum_uid hash) in
+        replicates first .. stop - 1 (default: all R). Row i is replicate first + i; the same
+        hash gets the same column everywhere, so blocks of rows drawn apart are the rows of the
+        whole."""
+        stop = self.replicates if stop is None else stop
+        if not 0 <= first <= stop <= self.replicates:
+            raise ValueError(f"replicates [{first}, {stop}) are not within [0, {self.replicates})")
+        return poisson_weights(datum_hashes, stop - first, self.seed, first)
 
 
-def poisson_weights(datum_hashes, replicates: int, seed: int = 0) -> np.ndarray:
-    """uint8[replicates, n] Poisson(1) weights of the datums with these uint64 hashes; see the
-    module docstring for the generator. Memory: one byte per (replicate, datum) plus at most
-    _DRAW_BLOCK uint64 values being drawn. Replicates are drawn several rows at a time when n is
-    small, so that a shard of a few hundred datums does not pay numpy's per-call cost per row."""
+def poisson_weights(datum_hashes, replicates: int, seed: int = 0, first: int = 0) -> np.ndarray:
+    """uint8[replicates, n] Poisson(1) weights of the datums with these uint64 hashes in
+    replicates first .. first + replicates - 1; see the module docstring for the generator.
+    Memory: one byte per (replicate, datum) plus at most _DRAW_BLOCK uint64 values being drawn.
+    Replicates are drawn several rows at a time when n is small, so that a shard of a few
+    hundred datums does not pay numpy's per-call cost per row."""
     hashes = np.asarray(datum_hashes, dtype=np.uint64).ravel()
     out = np.empty((replicates, hashes.size), dtype=np.uint8)
     if not hashes.size or not replicates:
@@ -111,10 +147,43 @@ def poisson_weights(datum_hashes, replicates: int, seed: int = 0) -> np.ndarray:
         key = splitmix64(hashes ^ splitmix64(np.uint64(seed)))
         for start in range(0, replicates, rows):
             stop = min(start + rows, replicates)
-            counters = np.arange(start + 1, stop + 1, dtype=np.uint64)[:, None] * _GOLDEN
-            u = splitmix64(key[None, :] + counters)
-            uniform = (u >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-            out[start:stop] = np.searchsorted(_POISSON_CDF, uniform, side="right")
+            counters = np.arange(first + start + 1, first + stop + 1, dtype=np.uint64)[:, None] * _GOLDEN
+            out[start:stop] = weights_of_draws(splitmix64(key[None, :] + counters))
+    return out
+
+
+def weights_of_draws(u: np.ndarray) -> np.ndarray:
+    """uint8 weights of uint64 draws u: the smallest k with U < P(Poisson(1) <= k), U the top
+    53 bits of u over 2^53 (the module docstring), read from the top 16 bits of u where they
+    settle it (_WEIGHT_OF_TOP_BITS), else from the CDF."""
+    weights = _WEIGHT_OF_TOP_BITS[(u >> np.uint64(64 - _TOP_BITS)).view(np.int64)]
+    unsettled = weights == _AMBIGUOUS
+    if unsettled.any():
+        uniform = (u[unsettled] >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        weights[unsettled] = np.searchsorted(_POISSON_CDF, uniform, side="right")
+    return weights
+
+
+def replicate_blocks(replicates: int, bytes_per_replicate: int,
+                     budget: int | None = None) -> list[tuple[int, int]]:
+    """[(first, stop), ...]: replicates 0 .. replicates - 1 in consecutive blocks of as many
+    replicates as fit budget bytes (default REPLICATE_BLOCK_BYTES) at bytes_per_replicate each
+    (at least one per block), for a loop whose arrays grow with the replicates it holds: its
+    peak then stays about budget whatever the number of replicates."""
+    budget = REPLICATE_BLOCK_BYTES if budget is None else budget
+    rows = max(1, int(budget) // max(1, int(bytes_per_replicate)))
+    return [(first, min(first + rows, replicates)) for first in range(0, replicates, rows)]
+
+
+def weighted_sums(weights: np.ndarray, columns: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """int64[R, c]: weights[:, columns] @ values (weights uint8[R, n], columns int[m], values
+    int64[m, c]), each replicate's exact weighted sums of the rows of values, computed a block of
+    replicates at a time (replicate_blocks), so the int64 copy of the gathered weights holds
+    one block, not R x m x 8 bytes."""
+    values = np.asarray(values, dtype=np.int64)
+    out = np.empty((weights.shape[0],) + values.shape[1:], dtype=np.int64)
+    for first, stop in replicate_blocks(weights.shape[0], 9 * max(1, len(columns))):
+        out[first:stop] = weights[first:stop][:, columns].astype(np.int64) @ values
     return out
 
 
@@ -199,20 +268,22 @@ def is_scalar(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-def attach_replicates(records: list[dict], replicate_records: list[list[dict]], identity) -> list[dict]:
+def attach_replicates(records: list[dict], replicate_records, identity) -> list[dict]:
     """Put REPLICATES on each scalar record of `records` (a state's point records): the values
     of the records with the same identity(record) in each list of replicate_records (the same
-    records computed from replicate r's weighted state), None where replicate r has no such
-    record or a non-scalar value. Returns records."""
-    by_identity = [{identity(rec): rec.get("value") for rec in reps} for reps in replicate_records]
-    for record in records:
-        if not is_scalar(record.get("value")):
-            continue
-        key = identity(record)
-        values = []
-        for found in by_identity:
+    records computed from replicate r's weighted state, in replicate order), None where
+    replicate r has no such record or a non-scalar value. Returns records.
+
+    replicate_records may be a generator: it is read once, one replicate's list at a time, so
+    only that list is held beside the values gathered so far."""
+    scalar = [(record, identity(record)) for record in records if is_scalar(record.get("value"))]
+    gathered: list[list] = [[] for _ in scalar]
+    for reps in replicate_records:
+        found = {identity(rec): rec.get("value") for rec in reps}
+        for values, (_, key) in zip(gathered, scalar):
             value = found.get(key)
             values.append(float(value) if is_scalar(value) and math.isfinite(float(value)) else None)
+    for (record, _), values in zip(scalar, gathered):
         record[REPLICATES] = values
     return records
 

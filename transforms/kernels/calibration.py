@@ -16,8 +16,8 @@ The arguments of match_calibration are those of classification.match_key: gt_val
 (schemas.hashing.fnv1a_64 of the datum_uid), prediction entries (entry_datum int64[m],
 entry_value int32[m], entry_score float64[m]; at most one entry per (datum, value), any order),
 n_values V (the size of the key's global vocabulary). weights uint8[R, n] is
-config.bootstrap.weights(datum_hash), computed here when omitted; pass it when it is at hand
-already. With config.bootstrap None or of 0 replicates nothing about replicates is computed or
+config.bootstrap.weights(datum_hash), drawn here a block of replicates at a time when omitted
+(memory that does not grow with R); pass it when it is at hand already. With config.bootstrap None or of 0 replicates nothing about replicates is computed or
 kept, and the records carry no internal field.
 
 Population and per-datum quantities (per label key, model and slice)
@@ -111,8 +111,8 @@ datum hash) and its metric is the metric of the dataset where d appears w times,
 - equal_mass: the bins are recomputed in each replicate as the weighted data's own quantile
   edges (numpy.percentile of the expanded data, as above), so this is exact too. For that the
   state keeps each population datum's (confidence, correct, hash) and the records step draws
-  the weights again from the hashes (config.bootstrap.weights): R bytes per datum for the
-  duration of one key's records (100 MB for 1M datums and R = 100), then a loop over the R
+  the weights again from the hashes (config.bootstrap.weights), a block of replicates of at
+  most bootstrap.REPLICATE_BLOCK_BYTES (64 MiB) at a time, whatever R is, in a loop over the R
   replicates of O(N) work each.
 A replicate whose weights are all 0 on the population has no value (None).
 """
@@ -124,7 +124,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from evalbeam.transforms.kernels.bootstrap import Bootstrap, attach_replicates, record_identity
+from evalbeam.transforms.kernels.bootstrap import (Bootstrap, attach_replicates, record_identity,
+                                                   replicate_blocks)
 from evalbeam.transforms.kernels.ranking import ScoreHistogram
 
 CALIBRATION_TYPES = ("ECE", "MCE", "BrierScore", "ReliabilityDiagram", "ClasswiseReliabilityDiagram")
@@ -223,6 +224,21 @@ class CellSums:
 
     def copy(self) -> "CellSums":
         return CellSums(self.ints.copy(), {k: v.copy() for k, v in self.sums.items()})
+
+    @staticmethod
+    def stacked(parts: list["CellSums"]) -> "CellSums":
+        """The weightings of parts one after the other (K = the sum of theirs): a sum some
+        part lacks (all its weighted sums 0, so cell_sums left it out) is 0 in its rows."""
+        keys = sorted({key for part in parts for key in part.sums})
+        sums = {}
+        for key in keys:
+            blocks = []
+            for part in parts:
+                value = part.sums.get(key)
+                blocks.append(value if value is not None else
+                              np.zeros(part.ints.shape[:2] + (3,), dtype=np.int64))
+            sums[key] = np.concatenate(blocks)
+        return CellSums(np.concatenate([part.ints for part in parts]), sums)
 
     def merge(self, other: "CellSums") -> "CellSums":
         self.ints += other.ints
@@ -560,9 +576,7 @@ def match_calibration(gt_value: np.ndarray, datum_hash: np.ndarray, entry_datum:
                                  and entry_score.max() <= 1.0):
         raise ValueError("calibration needs finite scores in [0, 1]")
     R = config.replicates
-    if R and weights is None:
-        weights = config.bootstrap.weights(datum_hash)
-    if R and weights.shape != (R, gt_value.size):
+    if R and weights is not None and weights.shape != (R, gt_value.size):
         raise ValueError(f"weights must be [{R}, {gt_value.size}], not {weights.shape}")
 
     population = np.flatnonzero(gt_value >= 0)
@@ -606,8 +620,18 @@ def match_calibration(gt_value: np.ndarray, datum_hash: np.ndarray, entry_datum:
         V, B, N, np.bincount(gt, minlength=V).astype(np.int64),
         np.bincount(ev, minlength=V).astype(np.int64), cell_sums(ew, B, ints, floats))
     if R:
-        w = weights if N == gt_value.size else weights[:, population]
-        state.top_replicates = cell_sums(ew, B, ints, floats, w)
+        # a block of replicates at a time (their weights drawn here when not given), so that
+        # the weights' copies and products do not grow with R; each replicate's sums are its own
+        def block(first, stop):
+            w = config.bootstrap.weights(datum_hash, first, stop) if weights is None \
+                else weights[first:stop]
+            return w if N == gt_value.size else w[:, population]
+
+        # per replicate: the weights, their copies in cell_sums, and one float64 product row
+        per_replicate = 3 * gt_value.size + 8 * min(N, _CHUNK) + 8 * 8 * B
+        state.top_replicates = CellSums.stacked([
+            cell_sums(ew, B, ints, floats, block(first, stop))
+            for first, stop in replicate_blocks(R, per_replicate)])
     if config.needs_top_histogram and N:
         state.top_parts = [ScoreHistogram.build(
             np.zeros(N, dtype=np.int32), confidence, correct.astype(np.int64),
@@ -670,16 +694,20 @@ def _replicate_values(state: CalibrationKeyState, config: CalibrationConfig) -> 
             bands, parts = split_exact(values)
             columns = np.column_stack([np.ones(values.size, dtype=np.int64),
                                        correct[order].astype(np.int64), parts])
-            weights = config.bootstrap.weights(hashes[order])
-            for r in range(R):
-                w = weights[r].astype(np.int64)
-                cumulative = np.cumsum(w)
-                if not cumulative.size or cumulative[-1] == 0:
-                    continue
-                edges = quantile_edges(values, cumulative, B)
-                stats = binned_sorted(values, columns, bands, edges, w)
-                ece[r], mce[r] = stats.ece(), stats.mce()
-            del weights
+            hashes = hashes[order]
+            # the weights of a block of replicates at a time (one byte per datum and replicate):
+            # all R at once would hold R x N bytes, 10 GB for 1 M datums at R = 10,000
+            for first, stop in replicate_blocks(R, values.size):
+                weights = config.bootstrap.weights(hashes, first, stop)
+                for r in range(first, stop):
+                    w = weights[r - first].astype(np.int64)
+                    cumulative = np.cumsum(w)
+                    if not cumulative.size or cumulative[-1] == 0:
+                        continue
+                    edges = quantile_edges(values, cumulative, B)
+                    stats = binned_sorted(values, columns, bands, edges, w)
+                    ece[r], mce[r] = stats.ece(), stats.mce()
+                del weights
         out[("ECE", "equal_mass")] = ece
         out[("MCE", "equal_mass")] = mce
     return out

@@ -30,13 +30,17 @@ from score histograms; undefined (None) without positives or negatives.
 
 Bootstrap replicates (issue 16). Given weights uint8[R, n] (kernels.bootstrap: datum d weighs
 w[r, d] in replicate r), match_key also fills a ReplicateState: n_pop, n_gt, n_pred, tp and fp
-with every datum counted w[r, d] times, and for ROC AUC a binned weighted score histogram
-(ranking.ReplicateHistogram). Replicate r's Precision, Recall, F1 and Accuracy are the formulas
+with every datum counted w[r, d] times, and for ROC AUC the entries' datum hashes and score bins
+(RocEntries), from which the records step rebuilds the binned weighted score histograms
+(ranking.ReplicateHistogram) a block of replicates at a time, drawing the weights again (issue
+39: R histograms in the state took 16 R bytes per occupied bin, 5.9 GB for 20,000 datums x 3
+values at R = 10,000). Replicate r's Precision, Recall, F1 and Accuracy are the formulas
 above on its counts, i.e. the metrics of the dataset where datum d appears w[r, d] times;
 its ROC AUC ranks the scores by bin (exact unless a bin holds two distinct scores; error bound
-in ranking.replicate_roc_auc). key_metrics puts the replicate values on each scalar record
-(kernels.bootstrap.REPLICATES: None where the replicate's dataset has no such record or the
-value is undefined) and [successes, trials] on the proportions (PROPORTION): Accuracy
+in ranking.replicate_roc_auc). Every step that holds replicates works on blocks of them
+(kernels.bootstrap.replicate_blocks), so memory beyond the counts does not grow with R.
+key_metrics puts the replicate values on each scalar record (kernels.bootstrap.REPLICATES:
+None where the replicate's dataset has no such record or the value is undefined) and [successes, trials] on the proportions (PROPORTION): Accuracy
 [sum_v tp, datums with a ground truth], Precision [tp, tp + fp], Recall [tp, tp + fn].
 
 Calibration (ECE, MCE, BrierScore, reliability diagrams) is kernels.calibration's, kept per key
@@ -51,7 +55,8 @@ import numpy as np
 
 from evalbeam.schemas.ordering import grouped_order
 from evalbeam.transforms.kernels.examples import ExampleSet, first_k, make_examples, record_layers
-from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap
+from evalbeam.transforms.kernels.bootstrap import (PROPORTION, REPLICATES, Bootstrap,
+                                                   replicate_blocks)
 from evalbeam.transforms.kernels.calibration import (BINNINGS, CALIBRATION_TYPES, DEFAULT_BINS,
                                                      CalibrationConfig, CalibrationKeyState,
                                                      calibration_records, match_calibration)
@@ -89,9 +94,11 @@ class ClassificationConfig:
     single row can by itself push a key beyond its bound. A longer row is rejected.
     calibration_bins: B of the calibration metrics (ECE, MCE, ReliabilityDiagram,
     ClasswiseReliabilityDiagram; computed only when metrics holds some of CALIBRATION_TYPES).
-    bootstrap: the kernels.bootstrap.Bootstrap whose replicates the calibration state keeps
-    (its equal-mass replicates redraw the weights from the datum hashes at the records step);
-    None: none. The other metrics' replicates follow the weights given to match_key."""
+    bootstrap: the kernels.bootstrap.Bootstrap whose replicates the states keep: the calibration
+    state's equal-mass replicates and the ROC AUC replicates redraw the weights from it (from
+    the datum hashes) at the records step, so it must be the Bootstrap of the weights given to
+    match_key; None: none. The other metrics' replicates follow the weights given to
+    match_key."""
 
     score_thresholds: tuple[float, ...] = (0.0,)
     hardmax: bool = True
@@ -257,23 +264,22 @@ class ReplicateState:
     is the count of the dataset in which datum d appears w[r, d] times.
 
     n_pop int64[R]; n_gt, n_pred int64[R, V]; tp, fp int64[R, T, V] (as in KeyState);
-    roc_parts: ReplicateHistogram parts (ROCAUC / mROCAUC only; merged lazily) with
-    ranking.roc_bins(V) score bins per value, whose bin 0 of each value also holds the
-    population's datums without an entry for it (score 0)."""
+    roc_parts: RocEntries parts (ROCAUC / mROCAUC only; concatenated lazily), from which
+    histogram() builds the replicates' score histograms a block of replicates at a time."""
 
     n_pop: np.ndarray
     n_gt: np.ndarray
     n_pred: np.ndarray
     tp: np.ndarray
     fp: np.ndarray
-    roc_parts: list[ReplicateHistogram] | None = None
+    roc_parts: list["RocEntries"] | None = None
 
     @property
     def replicates(self) -> int:
         return int(self.n_pop.size)
 
     def copy(self) -> "ReplicateState":
-        # histogram parts are never modified in place, so they are shared
+        # ROC parts are never modified in place, so they are shared
         return ReplicateState(self.n_pop.copy(), self.n_gt.copy(), self.n_pred.copy(),
                               self.tp.copy(), self.fp.copy(),
                               None if self.roc_parts is None else list(self.roc_parts))
@@ -295,13 +301,141 @@ class ReplicateState:
                 self.compact()
         return self
 
-    def compact(self) -> ReplicateHistogram | None:
+    def compact(self) -> "RocEntries | None":
         if self.roc_parts is None:
             return None
-        hist = ReplicateHistogram.merge(self.roc_parts) if self.roc_parts else \
-            ReplicateHistogram.empty(self.replicates)
-        self.roc_parts = [hist]
-        return hist
+        entries = RocEntries.concat(self.roc_parts)
+        self.roc_parts = [entries]
+        return entries
+
+    def histogram(self, bootstrap: Bootstrap, first: int = 0, stop: int | None = None,
+                  ) -> ReplicateHistogram:
+        """The replicate score histogram (ranking.ReplicateHistogram) of replicates
+        first .. stop - 1 (default: all), their weights drawn again by bootstrap (the Bootstrap
+        whose weights made this state) from the hashes the ROC entries keep."""
+        stop = self.replicates if stop is None else stop
+        entries = self.compact()
+        rows = slice(first, stop)
+        return entries.histogram(bootstrap.weights(entries.hash, first, stop), self.n_pop[rows],
+                                 self.n_gt[rows], self.n_pred[rows])
+
+
+@dataclass
+class RocEntries:
+    """What the replicates' ROC AUC needs, without a replicate axis: each prediction entry's
+    datum (by hash) and (value, score bin, match) group, and the histogram's bins. A replicate's
+    histogram is rebuilt from it for any block of replicates (histogram()), with the weights
+    drawn again from the hashes, so the state costs the same whatever R is: 8 bytes per datum
+    with an entry, 8 per entry and 24 per occupied (value, bin) in the shards it merges, where
+    the histogram itself would take 16 R bytes per (value, bin) (up to R x 1 MB per key).
+
+    stride: ranking.roc_bins(V) + 1, the bins of a value; hash uint64[d]: the datums that have
+    an entry; entry_datum int32[m]: each entry's datum (index into hash); entry_group int32[m]:
+    (value * stride + bin) * 2 + (1 if the value is the datum's ground truth); key int64[k],
+    low, high float64[k]: the histogram's (value, bin) keys, ascending, with the smallest and
+    largest score in each (ReplicateHistogram's); absent int64[a]: the values that some datum
+    of the population has no entry for (it scores 0, bin 0, for them)."""
+
+    stride: int
+    hash: np.ndarray
+    entry_datum: np.ndarray
+    entry_group: np.ndarray
+    key: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    absent: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.entry_group.size + self.key.size)
+
+    @staticmethod
+    def build(datum_hash, has_gt, entry_datum, entry_value, entry_score, is_match,
+              V: int) -> "RocEntries":
+        """The entries of one shard, as match_key holds them: datums in hash order, entries
+        sorted by datum."""
+        stride = roc_bins(V) + 1
+        bins = entry_value.astype(np.int64) * stride + score_bins(entry_score, stride - 1)
+        groups = bins * 2 + is_match
+        if stride * 2 * max(V, 1) >= 1 << 31:
+            raise ValueError(f"{V} values have too many score bins for int32 groups")
+        # the datums with an entry, and each entry's index among them (entries are by datum)
+        first = np.r_[True, entry_datum[1:] != entry_datum[:-1]] if entry_datum.size else \
+            np.zeros(0, dtype=bool)
+        with_entry = entry_datum[first]
+        index = (np.cumsum(first) - 1).astype(np.int32)
+        in_pop = has_gt.copy()
+        in_pop[entry_datum] = True
+        # (each datum has at most one entry per value, so the values some datum lacks are these)
+        absent = np.flatnonzero(np.bincount(entry_value, minlength=V) < np.count_nonzero(in_pop))
+        key, at = np.unique(np.r_[bins, absent * stride], return_inverse=True)
+        low = np.full(key.size, np.inf)
+        high = np.full(key.size, -np.inf)
+        scores = np.r_[entry_score, np.zeros(absent.size)]
+        np.minimum.at(low, at, scores)
+        np.maximum.at(high, at, scores)
+        return RocEntries(stride, datum_hash[with_entry].astype(np.uint64), index,
+                          groups.astype(np.int32), key, low, high, absent.astype(np.int64))
+
+    @staticmethod
+    def concat(parts: list["RocEntries"]) -> "RocEntries":
+        """The entries of the union (the parts' datums side by side: a datum in two parts
+        counts twice, as adding their histograms would count it)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.cumsum([0] + [p.hash.size for p in parts])
+        if offsets[-1] >= 1 << 31:
+            raise ValueError("more than 2^31 datums in one ROC state")
+        key = np.unique(np.concatenate([p.key for p in parts]))
+        low = np.full(key.size, np.inf)
+        high = np.full(key.size, -np.inf)
+        for p in parts:
+            at = np.searchsorted(key, p.key)
+            low[at] = np.minimum(low[at], p.low)
+            high[at] = np.maximum(high[at], p.high)
+        return RocEntries(
+            parts[0].stride, np.concatenate([p.hash for p in parts]),
+            np.concatenate([p.entry_datum + np.int32(o) for p, o in zip(parts, offsets)]),
+            np.concatenate([p.entry_group for p in parts]), key, low, high,
+            np.unique(np.concatenate([p.absent for p in parts])))
+
+    def bytes_per_replicate(self) -> int:
+        """What histogram() holds per replicate: the weights, the group sums, pos and neg, and
+        replicate_roc_auc's temporaries on the largest value (int64 arrays of its bins)."""
+        return int(self.hash.size + 8 * (2 * self.key.size + 2 * self.key.size)
+                   + 8 * 6 * min(self.key.size, self.stride))
+
+    def histogram(self, weights: np.ndarray, n_pop: np.ndarray, n_gt: np.ndarray,
+                  n_pred: np.ndarray) -> ReplicateHistogram:
+        """The ReplicateHistogram of the replicates whose weights of the datums of hash are
+        weights (uint8[r, d]) and whose population, ground-truth and prediction counts are
+        n_pop int64[r], n_gt and n_pred int64[r, V] (the ReplicateState's rows): each entry's
+        weight in its (value, bin) as positive or negative, and each value's datums without an
+        entry in its bin 0 (from the counts, as the weight of the population minus that of the
+        entries)."""
+        R, V = n_gt.shape
+        stride = self.stride
+        ids, sums, _, _ = group_weight_sums(weights, self.entry_datum, self.entry_group)
+        match_of = (ids & 1).astype(bool)
+        matched_sum = np.zeros((R, V), dtype=np.int64)  # weight of entries of v on datums of gt v
+        v_ids, v_sums = ids[match_of] // (2 * stride), sums[:, match_of]
+        if v_ids.size:      # ids ascending: each value's groups are contiguous
+            starts = np.flatnonzero(np.r_[True, v_ids[1:] != v_ids[:-1]])
+            matched_sum[:, v_ids[starts]] = np.add.reduceat(v_sums, starts, axis=1)
+        pos = np.zeros((R, self.key.size), dtype=np.int64)
+        neg = np.zeros((R, self.key.size), dtype=np.int64)
+        # a (value, bin) key has at most one matching and one non-matching group
+        at = np.searchsorted(self.key, ids // 2)
+        pos[:, at[match_of]] += sums[:, match_of]
+        neg[:, at[~match_of]] += sums[:, ~match_of]
+        del sums
+        absent = self.absent
+        if absent.size:
+            pos_absent = n_gt[:, absent] - matched_sum[:, absent]
+            neg_absent = (n_pop[:, None] - n_gt[:, absent]) - (n_pred[:, absent] - matched_sum[:, absent])
+            at = np.searchsorted(self.key, absent * stride)
+            pos[:, at] += pos_absent
+            neg[:, at] += neg_absent
+        return ReplicateHistogram(self.key, pos, neg, self.low, self.high)
 
 
 # gathered (replicate, item) weights per bincount call in group_weight_sums (16 MB with their bins)
@@ -351,69 +485,61 @@ def dense_weight_sums(weights: np.ndarray, columns: np.ndarray, groups: np.ndarr
     return out
 
 
-def _replicate_state(weights, has_gt, gt_value, entry_datum, entry_value, entry_score, is_match,
-                     level, V, config) -> ReplicateState:
+def _check_weights(weights: np.ndarray, datum_hash: np.ndarray, bootstrap: Bootstrap | None) -> None:
+    """The replicates' ROC AUC draws the weights again from the datum hashes
+    (ReplicateState.histogram), with config.bootstrap: raise ValueError unless that is the
+    Bootstrap that drew these weights (its R, and the weights of a few datums in a few
+    replicates: 32 draws agree by chance with probability below 1e-16)."""
+    if not weights.shape[0]:
+        return
+    if bootstrap is None or bootstrap.replicates != weights.shape[0]:
+        raise ValueError("ROC AUC replicates need config.bootstrap, the Bootstrap that drew the "
+                         "weights given to match_key")
+    rows, columns = min(4, weights.shape[0]), min(8, weights.shape[1])
+    if not np.array_equal(bootstrap.weights(datum_hash[:columns], 0, rows), weights[:rows, :columns]):
+        raise ValueError("the weights given to match_key are not config.bootstrap's")
+
+
+def _replicate_state(weights, R: int, datum_hash, has_gt, gt_value, entry_datum, entry_value,
+                     entry_score, is_match, level, V, config) -> ReplicateState:
     """match_key's replicate part: the same counts as the point state, each datum weighed by
-    its column of weights (uint8[R, n], datums in match_key's working order)."""
-    R = weights.shape[0]
+    its weight in each of the R replicates. weights(first, stop) -> uint8[stop - first, n]: the
+    weights of replicates first .. stop - 1, datums in match_key's working order. The counts are
+    made a block of replicates at a time (replicate_blocks), so what this holds besides the
+    state does not grow with R."""
     T = len(config.score_thresholds)
     pop = np.flatnonzero(has_gt | np.bincount(entry_datum, minlength=has_gt.size).astype(bool))
-    n_pop = weights[:, pop].sum(axis=1, dtype=np.int64)
     with_gt = np.flatnonzero(has_gt)
-    n_gt = dense_weight_sums(weights, with_gt, gt_value[with_gt].astype(np.int64), V)
-
+    gt_groups = gt_value[with_gt].astype(np.int64)
     # tp / fp: the entries predicted positive at some threshold, by (match, value, level), then
     # "level > t" as a reversed cumulative sum over levels
     live = np.flatnonzero(level > 0)
     groups = (is_match[live].astype(np.int64) * V + entry_value[live]) * (T + 1) + level[live]
-    counts = dense_weight_sums(weights, entry_datum[live], groups, 2 * V * (T + 1)).reshape(R, 2, V, T + 1)
-    above = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1][..., 1:]       # [R, 2, V, T]
-    fp = np.ascontiguousarray(above[:, 0].transpose(0, 2, 1))
-    tp = np.ascontiguousarray(above[:, 1].transpose(0, 2, 1))
-
+    values = entry_value.astype(np.int64)
+    n_pop = np.empty(R, dtype=np.int64)
+    n_gt = np.empty((R, V), dtype=np.int64)
+    n_pred = np.empty((R, V), dtype=np.int64)
+    tp = np.empty((R, T, V), dtype=np.int64)
+    fp = np.empty((R, T, V), dtype=np.int64)
+    # per replicate: its weights, their copy on the population, and the int64 counts
+    per_replicate = 2 * has_gt.size + 8 * V * (2 + 4 * (T + 1))
+    for first, stop in replicate_blocks(R, per_replicate):
+        w = weights(first, stop)
+        rows = slice(first, stop)
+        n_pop[rows] = w[:, pop].sum(axis=1, dtype=np.int64)
+        n_gt[rows] = dense_weight_sums(w, with_gt, gt_groups, V)
+        counts = dense_weight_sums(w, entry_datum[live], groups, 2 * V * (T + 1)).reshape(-1, 2, V, T + 1)
+        above = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1][..., 1:]       # [r, 2, V, T]
+        fp[rows] = above[:, 0].transpose(0, 2, 1)
+        tp[rows] = above[:, 1].transpose(0, 2, 1)
+        n_pred[rows] = dense_weight_sums(w, entry_datum, values, V)
+        del w, counts, above
     if not (config.metrics & {"ROCAUC", "mROCAUC"}):
-        n_pred = dense_weight_sums(weights, entry_datum, entry_value.astype(np.int64), V)
         return ReplicateState(n_pop, n_gt, n_pred, tp, fp)
-
-    # One pass over every entry by (value, score bin, match): it gives n_pred and the histogram.
-    stride = roc_bins(V) + 1
-    bins = entry_value.astype(np.int64) * stride + score_bins(entry_score, stride - 1)
-    ids, sums, order, starts = group_weight_sums(weights, entry_datum, bins * 2 + is_match)
-    n_pred = np.zeros((R, V), dtype=np.int64)
-    matched_sum = np.zeros((R, V), dtype=np.int64)     # weight of entries of v on datums of gt v
-    value_of = ids // (2 * stride)
-    match_of = (ids & 1).astype(bool)
-    for target, pick in ((n_pred, slice(None)), (matched_sum, match_of)):
-        v_ids, v_sums = value_of[pick], sums[:, pick]
-        if v_ids.size:      # ids ascending: each value's groups are contiguous
-            first = np.flatnonzero(np.r_[True, v_ids[1:] != v_ids[:-1]])
-            target[:, v_ids[first]] = np.add.reduceat(v_sums, first, axis=1)
-    sorted_score = entry_score[order]
-    low_of = np.minimum.reduceat(sorted_score, starts) if ids.size else np.zeros(0)
-    high_of = np.maximum.reduceat(sorted_score, starts) if ids.size else np.zeros(0)
-    # Datums of the population without an entry for v score 0 for v: bin 0 of v.
-    pos_absent = n_gt - matched_sum
-    neg_absent = (n_pop[:, None] - n_gt) - (n_pred - matched_sum)
-    # (each datum has at most one entry per value, so the values some datum lacks are these)
-    absent = np.flatnonzero(np.bincount(entry_value, minlength=V) < pop.size)
-    key = np.unique(np.r_[ids // 2, absent * stride])
-    pos = np.zeros((R, key.size), dtype=np.int64)
-    neg = np.zeros((R, key.size), dtype=np.int64)
-    low = np.full(key.size, np.inf)
-    high = np.full(key.size, -np.inf)
-    at = np.searchsorted(key, ids // 2)
-    pos[:, at[match_of]] += sums[:, match_of]
-    neg[:, at[~match_of]] += sums[:, ~match_of]
-    # an (value, bin) key has at most one matching and one non-matching group
-    np.minimum.at(low, at, low_of)
-    np.maximum.at(high, at, high_of)
-    at = np.searchsorted(key, absent * stride)
-    pos[:, at] += pos_absent[:, absent]
-    neg[:, at] += neg_absent[:, absent]
-    low[at] = np.minimum(low[at], 0.0)
-    high[at] = np.maximum(high[at], 0.0)
-    return ReplicateState(n_pop, n_gt, n_pred, tp, fp,
-                          [ReplicateHistogram(key, pos, neg, low, high)])
+    # ROC AUC: no replicate axis here; the histograms are rebuilt from these entries when the
+    # records are made (ReplicateState.histogram)
+    return ReplicateState(n_pop, n_gt, n_pred, tp, fp, [RocEntries.build(
+        datum_hash, has_gt, entry_datum, entry_value, entry_score, is_match, V)])
 
 
 
@@ -497,7 +623,7 @@ def counts_from(groups: np.ndarray, start_levels: np.ndarray, n_groups: int, n_t
 def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
               entry_datum: np.ndarray, entry_value: np.ndarray, entry_score: np.ndarray,
               n_values: int, config: ClassificationConfig,
-              weights: np.ndarray | None = None) -> KeyState:
+              weights: np.ndarray | Bootstrap | None = None) -> KeyState:
     """Partial state of one label key over one shard (or one slice of a shard).
 
     gt_value int32[n]: ground-truth value index of each datum, -1 when it has none for this key.
@@ -505,8 +631,11 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     entry_datum int64[m], entry_value int32[m], entry_score float64[m]: the model's prediction
     entries for this key (at most one per (datum, value)), in any order.
     weights: None, or uint8[R, n] bootstrap weights of the datums (Bootstrap.weights of the
-    FNV-1a hashes of their datum_uids, i.e. of datum_hash): the state then also carries a
-    ReplicateState (O(R (n + m)) more work).
+    FNV-1a hashes of their datum_uids, i.e. of datum_hash), or that Bootstrap itself, to draw
+    them here a block of replicates at a time (memory that does not grow with R; the array
+    serves when one is shared by several calls): the state then also carries a ReplicateState
+    (O(R (n + m)) more work). With ROCAUC or mROCAUC, config.bootstrap must be that Bootstrap:
+    the ROC AUC replicates draw the weights again from the hashes when the records are made.
     Work is O(n + m) per threshold-independent step and O(m log m) for the histogram.
     """
     n, V = gt_value.size, n_values
@@ -546,18 +675,37 @@ def match_key(gt_value: np.ndarray, datum_hash: np.ndarray, datum_uid,
     tp = counts_above(entry_value[is_match], level[is_match], V, T)
     fp = counts_above(entry_value[~is_match], level[~is_match], V, T)
     state = KeyState(V, n_pop, n_gt, n_pred, tp, fp)
+    drawn = isinstance(weights, Bootstrap)
     if weights is not None:
-        if weights.ndim != 2 or weights.shape[1] != n:
-            raise ValueError(f"weights must be [R, {n}], not {weights.shape}")
-        state.replicates = _replicate_state(weights[:, order], has_gt, gt_value, entry_datum,
+        wants_roc = bool(config.metrics & {"ROCAUC", "mROCAUC"})
+        if drawn:
+            if wants_roc and config.bootstrap != weights:
+                raise ValueError("ROC AUC replicates need config.bootstrap to be the Bootstrap "
+                                 "given to match_key")
+            R = weights.replicates
+
+            def block(first, stop, bootstrap=weights):
+                return bootstrap.weights(datum_hash, first, stop)   # hash order: working order
+        else:
+            if weights.ndim != 2 or weights.shape[1] != n:
+                raise ValueError(f"weights must be [R, {n}], not {weights.shape}")
+            if wants_roc:
+                # the hashes of the weights' first columns (datum_hash is in hash order now)
+                _check_weights(weights, datum_hash[rank[:8]], config.bootstrap)
+            R = weights.shape[0]
+
+            def block(first, stop, given=weights):
+                return given[first:stop][:, order]
+        state.replicates = _replicate_state(block, R, datum_hash, has_gt, gt_value, entry_datum,
                                             entry_value, entry_score, is_match, level, V, config)
     calibration = config.calibration
     if calibration is not None:
         if calibration.bootstrap is not None and weights is None:
             raise ValueError("config.bootstrap has replicates: pass match_key their weights")
+        # (drawn: match_calibration draws them from config.bootstrap, in the working order)
         state.calibration = match_calibration(
             gt_value, datum_hash, entry_datum, entry_value, entry_score, V, calibration,
-            None if calibration.bootstrap is None else weights[:, order])
+            None if calibration.bootstrap is None or drawn else weights[:, order])
 
     if config.needs_confusion:
         cells_n = (V + 1) ** 2
@@ -718,12 +866,20 @@ def _replicate_values(reps: ReplicateState, config: ClassificationConfig) -> dic
         "Accuracy": _nest(np.moveaxis(np.where(keyed[:, None], _ratio(
             tp.sum(axis=2), reps.n_gt.sum(axis=1)[:, None]), np.nan), 0, -1)),
     }
-    hist = reps.compact()
-    if hist is not None:
+    entries = reps.compact()
+    if entries is not None:
+        if R and (config.bootstrap is None or config.bootstrap.replicates != R):
+            raise ValueError("ROC AUC replicates need config.bootstrap, the Bootstrap of the state")
         V = reps.n_gt.shape[1]
         aucs = np.full((R, V), np.nan)
-        for v in np.flatnonzero(present.any(axis=0)):
-            aucs[:, v] = replicate_roc_auc(*hist.segment(int(v), roc_bins(V)))[0]
+        values = np.flatnonzero(present.any(axis=0))
+        # a block of replicates at a time: each replicate's AUC depends on its own row only, so
+        # the values are those of all replicates at once, with a peak that does not grow with R
+        for first, stop in replicate_blocks(R, entries.bytes_per_replicate()):
+            hist = reps.histogram(config.bootstrap, first, stop)
+            for v in values:
+                aucs[first:stop, v] = replicate_roc_auc(*hist.segment(int(v), roc_bins(V)))[0]
+            del hist
         aucs[~present] = np.nan
         out["ROCAUC"] = {v: _nest(aucs[:, v]) for v in range(V)}
         defined = np.isfinite(aucs)

@@ -31,7 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 from evalbeam.schemas.limits import MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS
-from evalbeam.transforms.kernels.bootstrap import REPLICATES, attach_replicates, record_identity
+from evalbeam.transforms.kernels.bootstrap import (REPLICATES, attach_replicates, record_identity,
+                                                   replicate_blocks)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
@@ -505,11 +506,22 @@ def summarize(precision: np.ndarray, recall: np.ndarray, thresholds: np.ndarray 
 
 # ----------------------------------------------------------------------------- bootstrap
 
-def replicate_row_weights(state: CocoState, bootstrap) -> np.ndarray:
-    """uint8[R, n]: each row's weight in each replicate, its image's Poisson weight (drawn once
-    per distinct image hash, so the cost is R x images, not R x rows)."""
+def replicate_row_weights(state: CocoState, bootstrap, replicates: tuple[int, int] | None = None,
+                          ) -> np.ndarray:
+    """uint8[R, n]: each row's weight in each replicate (replicates: (first, stop), those
+    replicates only), its image's Poisson weight (drawn once per distinct image hash)."""
     unique, inverse = np.unique(state.image_hash, return_inverse=True)
-    return bootstrap.weights(unique)[:, inverse]
+    first, stop = replicates or (0, bootstrap.replicates)
+    return bootstrap.weights(unique, first, stop)[:, inverse]
+
+
+def replicate_row_blocks(state: CocoState, per_replicate: int) -> list[tuple[int, int]]:
+    """The blocks of replicates (first, stop) in which the records step computes the state's
+    replicates: their arrays hold one weight byte per row and per_replicate bytes more per
+    replicate, and a block holds at most kernels.bootstrap.REPLICATE_BLOCK_BYTES of them, so the
+    step's peak does not grow with R (all R at once: 2.8 GB of weights alone for 281,230
+    detections at R = 10,000)."""
+    return replicate_blocks(state.n_gt_replicates.shape[0], state.score.size + per_replicate)
 
 
 def _recall_index(n_gt: np.ndarray, recall_thresholds: np.ndarray) -> np.ndarray:
@@ -529,8 +541,11 @@ def _recall_index(n_gt: np.ndarray, recall_thresholds: np.ndarray) -> np.ndarray
 def accumulate_replicates(state: CocoState, bootstrap, thresholds: np.ndarray = IOU_THRESHOLDS,
                           recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
                           max_dets: tuple = MAX_DETS, chunk_points: int = 1 << 22,
-                          precision_at: tuple | None = None, full: bool = False):
-    """The replicates of accumulate(), reduced to what the summaries read.
+                          precision_at: tuple | None = None, full: bool = False,
+                          replicates: tuple[int, int] | None = None):
+    """The replicates of accumulate(), reduced to what the summaries read (replicates:
+    (first, stop), those replicates only, R = stop - first; each replicate's values are the
+    same whichever block it is computed in).
 
     Replicate r is the dataset in which every image appears w times (w = its weight in r), the
     copies of an image ordered right after it (pycocotools: image ids i*N + c). Returns
@@ -569,12 +584,15 @@ def accumulate_replicates(state: CocoState, bootstrap, thresholds: np.ndarray = 
     T, Q, K = thresholds.size, recall_thresholds.size, state.n_categories
     A, M = state.tp.shape[1], len(max_dets)
     npig_all = state.n_gt_replicates                                          # [R, K, A]
+    if replicates is not None:
+        npig_all = npig_all[replicates[0]:replicates[1]]
     R = npig_all.shape[0]
     precision_sum = np.zeros((R, K, A, M, T))
     recall = -np.ones((R, K, A, M, T))
     valid = npig_all > 0
     table = -np.ones((R, T, Q, K, A, M)) if full else None
-    weights = replicate_row_weights(state, bootstrap) if state.score.size else np.zeros((R, 0), np.uint8)
+    weights = (replicate_row_weights(state, bootstrap, replicates) if state.score.size
+               else np.zeros((R, 0), np.uint8))
     order = np.lexsort((state.rank, state.image_key, -state.score, state.category))
     category = state.category[order]
     bounds = np.searchsorted(category, np.arange(K + 1))
@@ -1299,9 +1317,28 @@ def state_records(state: DetectionState, categories: dict, config: DetectionConf
     precision, recall, scores = accumulate(matches, with_scores=True)
     replicates = per_category = None
     if matches.n_gt_replicates is not None:
-        replicates, per_category = summarize_replicates(*accumulate_replicates(
-            matches, config.bootstrap, precision_at=(MAX_DETS.index(MAX_DETS[2]),)))
+        replicates, per_category = coco_summary_replicates(matches, config.bootstrap)
     yield from _coco_records(precision, recall, scores, categories, iou_type, replicates, per_category)
+
+
+def coco_summary_replicates(state: CocoState, bootstrap) -> tuple[np.ndarray, np.ndarray]:
+    """summarize_replicates(accumulate_replicates(state)) of every replicate, float64[R, 12]
+    and [R, K, 12], computed a block of replicates at a time (replicate_row_blocks): each
+    replicate's statistics are those of all R at once, bit for bit (each depends on its own
+    row of every array only)."""
+    K, A, T = state.n_categories, state.tp.shape[1], IOU_THRESHOLDS.size
+    # accumulate_replicates' precision_sum and recall (float64[K, A, 3, T] each) and the
+    # copies of the weights it makes (at most 10 bytes per row)
+    per_replicate = 8 * 2 * K * A * len(MAX_DETS) * T + 9 * state.score.size
+    overall, per_category = [], []
+    for block in replicate_row_blocks(state, per_replicate):
+        o, c = summarize_replicates(*accumulate_replicates(
+            state, bootstrap, precision_at=(MAX_DETS.index(MAX_DETS[2]),), replicates=block))
+        overall.append(o)
+        per_category.append(c)
+    if not overall:
+        return np.zeros((0, len(SUMMARY_NAMES))), np.zeros((0, K, len(SUMMARY_NAMES)))
+    return np.concatenate(overall), np.concatenate(per_category)
 
 
 # ----------------------------------------------------------------------------- per category
@@ -1689,17 +1726,19 @@ def _category_sums(weights: np.ndarray, category: np.ndarray, mask: np.ndarray,
 
 
 def valor_counts_replicates(state: CocoState, bootstrap, n_thresholds: int,
-                            score_thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """valor_counts() of every replicate, int64[R, I, S, K, 3], each detection and ground truth
-    counted as many times as its image's weight; and the weighted number of detections per
-    label, int64[R, K] (a label is present in a replicate when it has ground truth or a
-    detection there)."""
-    K, S, R = state.n_categories, score_thresholds.size, state.n_gt_replicates.shape[0]
-    n_gt = state.n_gt_replicates[:, :, 0]                                       # [R, K]
+                            score_thresholds: np.ndarray, replicates: tuple[int, int] | None = None,
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """valor_counts() of every replicate (replicates: (first, stop), those only), int64[R, I,
+    S, K, 3], each detection and ground truth counted as many times as its image's weight; and
+    the weighted number of detections per label, int64[R, K] (a label is present in a replicate
+    when it has ground truth or a detection there)."""
+    first, stop = replicates or (0, state.n_gt_replicates.shape[0])
+    n_gt = state.n_gt_replicates[first:stop, :, 0]                              # [R, K]
+    K, S, R = state.n_categories, score_thresholds.size, n_gt.shape[0]
     out = np.zeros((R, n_thresholds, S, K, 3), dtype=np.int64)
     order = np.argsort(state.category, kind="stable")
     category = state.category[order]
-    weights = (replicate_row_weights(state, bootstrap)[:, order] if order.size
+    weights = (replicate_row_weights(state, bootstrap, (first, stop))[:, order] if order.size
                else np.zeros((R, 0), np.uint8))
     is_tp = _unbits(state.tp[order, 0], n_thresholds)                              # [n, I]
     score = state.score[order]
@@ -1714,28 +1753,37 @@ def valor_counts_replicates(state: CocoState, bootstrap, n_thresholds: int,
     return out, _category_sums(weights, category, np.ones(category.size, bool), K)
 
 
-def _valor_replicate_records(state: CocoState, categories, protocol: "Protocol", bootstrap) -> list:
-    """For each replicate, the scalar records _valor_metric_records makes of it (the labels
-    present in that replicate; none when no label is)."""
+def _valor_replicate_records(state: CocoState, categories, protocol: "Protocol", bootstrap):
+    """For each replicate in turn (a generator, for attach_replicates), the scalar records
+    _valor_metric_records makes of it (the labels present in that replicate; none when no
+    label is). The arrays behind them are computed a block of replicates at a time
+    (replicate_row_blocks)."""
     matched = np.array(protocol.matching_thresholds)
     ious = list(protocol.iou_thresholds)
     use = [list(protocol.matching_thresholds).index(t) for t in ious]
     scores = list(protocol.score_thresholds)
-    precision_sum, _, _ = accumulate_replicates(state, bootstrap, matched, max_dets=(None,))
-    counts, n_detections = valor_counts_replicates(state, bootstrap, matched.size, np.array(scores))
-    n_gt = state.n_gt_replicates[:, :, 0]
-    out = []
-    for r in range(n_gt.shape[0]):
-        present = (n_gt[r] > 0) | (n_detections[r] > 0)
-        if not present.any():
-            out.append([])
-            continue
-        ap = np.where(n_gt[r][None, :] > 0,
-                      precision_sum[r][:, 0, 0, :][:, use].T / RECALL_THRESHOLDS.size, 0.0)
-        m = _valor_metrics_of(ap, counts[r], n_gt[r], present, use)
-        out.append([rec for rec in _valor_metric_records(m, categories, ious, use, scores, {})
-                    if rec["type"] != "Counts"])
-    return out
+    K, A = state.n_categories, state.tp.shape[1]
+    # per replicate: accumulate_replicates' float64 outputs, the int64 counts, the copies of
+    # the weights it makes (rows x (1 + 1 + 8) bytes at most)
+    per_replicate = 8 * 2 * K * A * matched.size + 8 * 3 * K * matched.size * len(scores) \
+        + 9 * state.score.size
+    for first, stop in replicate_row_blocks(state, per_replicate):
+        block = (first, stop)
+        precision_sum, _, _ = accumulate_replicates(state, bootstrap, matched, max_dets=(None,),
+                                                    replicates=block)
+        counts, n_detections = valor_counts_replicates(state, bootstrap, matched.size,
+                                                       np.array(scores), block)
+        n_gt = state.n_gt_replicates[first:stop, :, 0]
+        for r in range(stop - first):
+            present = (n_gt[r] > 0) | (n_detections[r] > 0)
+            if not present.any():
+                yield []
+                continue
+            ap = np.where(n_gt[r][None, :] > 0,
+                          precision_sum[r][:, 0, 0, :][:, use].T / RECALL_THRESHOLDS.size, 0.0)
+            m = _valor_metrics_of(ap, counts[r], n_gt[r], present, use)
+            yield [rec for rec in _valor_metric_records(m, categories, ious, use, scores, {})
+                   if rec["type"] != "Counts"]
 
 
 def valor_present(state: CocoState) -> np.ndarray:

@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from evalbeam.transforms.kernels.bootstrap import replicate_blocks
+
 
 class ExactSum:
     __slots__ = ("partials", "n")
@@ -125,17 +127,20 @@ def weighted_exact_totals(values: np.ndarray, weights: np.ndarray) -> list[dict[
     mantissa = (fraction * float(1 << 53)).astype(np.int64)
     exponent = exponent.astype(np.int64) - 53
     order = np.argsort(exponent, kind="stable")
-    exponent, mantissa, weights = exponent[order], mantissa[order], weights[:, order].astype(np.int64)
+    exponent, mantissa = exponent[order], mantissa[order]
     bounds = np.r_[0, np.flatnonzero(np.diff(exponent)) + 1, exponent.size]
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        part = weights[:, start:stop]
-        high = part @ (mantissa[start:stop] >> 26)
-        low = part @ (mantissa[start:stop] & ((1 << 26) - 1))
-        e = int(exponent[start])
-        for r in range(part.shape[0]):
-            total = (int(high[r]) << 26) + int(low[r])
-            if total:
-                out[r][e] = total
+    # the int64 weights of a block of replicates at a time (8 bytes per value and replicate)
+    for first, last in replicate_blocks(weights.shape[0], 9 * values.size):
+        block = weights[first:last][:, order].astype(np.int64)
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            part = block[:, start:stop]
+            high = part @ (mantissa[start:stop] >> 26)
+            low = part @ (mantissa[start:stop] & ((1 << 26) - 1))
+            e = int(exponent[start])
+            for r in range(part.shape[0]):
+                total = (int(high[r]) << 26) + int(low[r])
+                if total:
+                    out[first + r][e] = total
     return out
 
 
@@ -221,9 +226,14 @@ def weighted_totals(values: np.ndarray, weights: np.ndarray) -> list[list[dict[i
             columns.append(piece.astype(np.float64))
         plan.append((j, low, pieces))
     if columns:
+        pieces = np.stack(columns, axis=1)
+        sums = []
+        # float64 weights of a block of replicates at a time (8 bytes per query and replicate
+        # for all R at once); each product row is one replicate's exact sums, whatever the block
         with _one_blas_thread():
-            sums = np.asarray(weights, dtype=np.float64) @ np.stack(columns, axis=1)
-        sums = sums.astype(np.int64).tolist()
+            for first, stop in replicate_blocks(replicates, 8 * (n + pieces.shape[1])):
+                block = np.asarray(weights[first:stop], dtype=np.float64) @ pieces
+                sums.extend(block.astype(np.int64).tolist())
         at = 0
         for j, low, pieces in plan:
             for r in range(replicates):
@@ -235,5 +245,5 @@ def weighted_totals(values: np.ndarray, weights: np.ndarray) -> list[list[dict[i
                     out[j][r] = {low: total}
             at += pieces
     for j in slow:
-        out[j] = weighted_exact_totals(values[:, j], np.asarray(weights).astype(np.int64))
+        out[j] = weighted_exact_totals(values[:, j], np.asarray(weights))
     return out

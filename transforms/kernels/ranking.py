@@ -133,7 +133,8 @@ def counts_at_thresholds(score: np.ndarray, pos: np.ndarray, neg: np.ndarray,
 # floor(s * B) (1.0 alone in bin B). B is a power of two, so s * B is exact and the bin is a
 # monotone function of the score, the same on every shard. B is ROC_BINS for keys of up to 16
 # values, and shrinks for larger vocabularies so that one key's histogram has at most
-# ROC_KEY_BINS bins in all (its memory: ROC_KEY_BINS x R x 16 bytes, 105 MB at R = 100).
+# ROC_KEY_BINS bins in all (its memory: ROC_KEY_BINS x 16 bytes per replicate; classification
+# builds it for a block of replicates at a time, kernels.classification.RocEntries).
 ROC_BINS_LOG2 = 12
 ROC_BINS = 1 << ROC_BINS_LOG2
 ROC_KEY_BINS = 1 << 16

@@ -98,6 +98,7 @@ class RuleState:
         """The notes of a shard into replicate counts and sums, with its weights uint8[R, n]."""
         import numpy as np
 
+        from evalbeam.transforms.kernels.bootstrap import weighted_sums
         from evalbeam.transforms.kernels.judge_state import ReplicateSums, _merge_optional
 
         notes, self.notes = self.notes or [], None
@@ -106,7 +107,7 @@ class RuleState:
         if notes:
             columns = np.array([c for c, _, _ in notes], np.int64)
             rows = np.array([n for _, n, _ in notes], np.int64)
-            counts = weights[:, columns].astype(np.int64) @ rows
+            counts = weighted_sums(weights, columns, rows)
         self.replicate_counts = counts if self.replicate_counts is None else self.replicate_counts + counts
         if self.kind == "LoopingDetection":
             kept = [(c, m) for c, _, m in notes if m is not None]

@@ -90,17 +90,18 @@ class TextState:
         shard's bootstrap weights (kernels.bootstrap.Bootstrap.weights of its datums' hashes),
         the notes' columns index them. Vectorised: per key, one [R, m] x [m, c] product of
         integers (CorpusBLEU) or the components at once with exact_sum.weighted_totals (means)."""
+        from evalbeam.transforms.kernels.bootstrap import weighted_sums
         from evalbeam.transforms.kernels.judge_state import ReplicateSums
 
         self.replicate_count = max(self.replicate_count, int(weights.shape[0]))
         notes, self.notes = self.notes, {}
         for key, (columns, rows) in notes.items():
-            part_weights = weights[:, np.asarray(columns, np.int64)]
             if key == "CorpusBLEU":
                 stats = np.column_stack([np.stack(rows), np.ones(len(rows), np.int64)])
-                part = part_weights.astype(np.int64) @ stats
+                part = weighted_sums(weights, np.asarray(columns, np.int64), stats)
                 self.replicates[key] = self.replicates[key] + part if key in self.replicates else part
             else:
+                part_weights = weights[:, np.asarray(columns, np.int64)]
                 part = ReplicateSums.of(part_weights, np.asarray(rows, np.float64))
                 self.replicates[key] = self.replicates[key].merge(part) if key in self.replicates else part
         for rule in self.rules.values():
