@@ -45,7 +45,7 @@ def test_too_deep_answers_as_nesting_depth_does(seed):
 
     rng = random.Random(seed)
     alphabet = list(b'[]{}"\\a,: ')
-    for _ in range(20_000):
+    for _ in range(5_000):      # x 4 seeds x 5 limits: 100,000 checks (20,000 took 30 s a seed)
         raw = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         if rng.random() < 0.6:
             raw = raw.replace(b"\\", b"")
