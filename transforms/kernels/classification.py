@@ -511,11 +511,10 @@ def _replicate_state(weights, R: int, datum_hash, has_gt, gt_value, entry_datum,
     pop = np.flatnonzero(has_gt | np.bincount(entry_datum, minlength=has_gt.size).astype(bool))
     with_gt = np.flatnonzero(has_gt)
     gt_groups = gt_value[with_gt].astype(np.int64)
-    # tp / fp: the entries predicted positive at some threshold, by (match, value, level), then
-    # "level > t" as a reversed cumulative sum over levels
-    live = np.flatnonzero(level > 0)
-    groups = (is_match[live].astype(np.int64) * V + entry_value[live]) * (T + 1) + level[live]
-    values = entry_value.astype(np.int64)
+    # every entry by (match, value, level): "level > t" as a reversed cumulative sum over levels
+    # gives tp / fp, and the sum over match and level gives n_pred, in one pass over the entries
+    # (a second pass for n_pred cost 10% of a --bootstrap 100 run)
+    groups = (is_match.astype(np.int64) * V + entry_value) * (T + 1) + level
     n_pop = np.empty(R, dtype=np.int64)
     n_gt = np.empty((R, V), dtype=np.int64)
     n_pred = np.empty((R, V), dtype=np.int64)
@@ -528,11 +527,11 @@ def _replicate_state(weights, R: int, datum_hash, has_gt, gt_value, entry_datum,
         rows = slice(first, stop)
         n_pop[rows] = w[:, pop].sum(axis=1, dtype=np.int64)
         n_gt[rows] = dense_weight_sums(w, with_gt, gt_groups, V)
-        counts = dense_weight_sums(w, entry_datum[live], groups, 2 * V * (T + 1)).reshape(-1, 2, V, T + 1)
-        above = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1][..., 1:]       # [r, 2, V, T]
-        fp[rows] = above[:, 0].transpose(0, 2, 1)
-        tp[rows] = above[:, 1].transpose(0, 2, 1)
-        n_pred[rows] = dense_weight_sums(w, entry_datum, values, V)
+        counts = dense_weight_sums(w, entry_datum, groups, 2 * V * (T + 1)).reshape(-1, 2, V, T + 1)
+        above = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1]                 # [r, 2, V, T + 1]
+        fp[rows] = above[:, 0, :, 1:].transpose(0, 2, 1)
+        tp[rows] = above[:, 1, :, 1:].transpose(0, 2, 1)
+        n_pred[rows] = above[..., 0].sum(axis=1)
         del w, counts, above
     if not (config.metrics & {"ROCAUC", "mROCAUC"}):
         return ReplicateState(n_pop, n_gt, n_pred, tp, fp)
