@@ -78,8 +78,11 @@ def _top_bits_table() -> np.ndarray:
 _WEIGHT_OF_TOP_BITS = _top_bits_table()
 
 # Memory a replicate loop may hold at once (replicate_blocks): blocks of replicates of at most
-# this many bytes of per-replicate arrays keep a step's peak the same whatever R is.
-REPLICATE_BLOCK_BYTES = 64 << 20
+# this many bytes of per-replicate arrays keep a step's peak the same whatever R is. Each block
+# repeats its step's set-up (detection sorts its rows again): 64 MiB made detection's
+# --bootstrap 100 on 5,000 COCO images 16% slower than all replicates at once (4 blocks);
+# 256 MiB is as fast as before (0.96x) at a peak of 0.81 GB against 0.84 GB.
+REPLICATE_BLOCK_BYTES = 256 << 20
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ datum hash) and its metric is the metric of the dataset where d appears w times,
   edges (numpy.percentile of the expanded data, as above), so this is exact too. For that the
   state keeps each population datum's (confidence, correct, hash) and the records step draws
   the weights again from the hashes (config.bootstrap.weights), a block of replicates of at
-  most bootstrap.REPLICATE_BLOCK_BYTES (64 MiB) at a time, whatever R is, in a loop over the R
+  most bootstrap.REPLICATE_BLOCK_BYTES (256 MiB) at a time, whatever R is, in a loop over the R
   replicates of O(N) work each.
 A replicate whose weights are all 0 on the population has no value (None).
 """
