@@ -1,23 +1,23 @@
-"""The `evalbeam` command: one subcommand per task (pipelines/registry.py), plus the tools."""
+"""The `evalbeam` command: one subcommand per task (pipelines/tasks/registry.py), plus the tools."""
 
 from __future__ import annotations
 
 import sys
 
-from evalbeam.pipelines.common import quiet_logs
-from evalbeam.pipelines.registry import TASKS
+from evalbeam.pipelines.launch.common import quiet_logs
+from evalbeam.pipelines.tasks.registry import TASKS
 
 # commands that are not tasks: (module with run(argv) -> exit code, one line)
 TOOLS = {
-    "judge-server": ("evalbeam.pipelines.judge_server",
+    "judge-server": ("evalbeam.pipelines.runners.judge_server",
                      "a local stand-in for an OpenAI-compatible judge endpoint (tests, dry runs)"),
-    "sweep": ("evalbeam.pipelines.sweep",
+    "sweep": ("evalbeam.pipelines.sweep.command",
               "many models x many datasets in one pipeline, resumable, with a leaderboard "
               "(evalbeam sweep --help)"),
-    "report": ("evalbeam.pipelines.report_command",
+    "report": ("evalbeam.pipelines.report.command",
                "the self-contained HTML report of a finished run or sweep folder "
                "(evalbeam report DIR [--baseline DIR] [-o FILE])"),
-    "demo": ("evalbeam.pipelines.demo",
+    "demo": ("evalbeam.pipelines.demo.command",
              "make a small synthetic dataset, evaluate it and show the results"),
 }
 
@@ -28,7 +28,7 @@ def usage() -> str:
         lines.append(f"  {name:<16} {line} (evalbeam {name} --help)")
     for name, (_, line) in TOOLS.items():
         lines.append(f"  {name:<16} {line}")
-    lines += ["", "See the README for input formats, options and outputs."]
+    lines += ["", "Options: pipelines/launch/options.md; each task's input formats: pipelines/tasks/<task>.md."]
     return "\n".join(lines)
 
 
@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> None:
 
     tune()   # fewer young collections in the launcher and the in-process runner (collector.py)
     if command in TASKS:
-        from evalbeam.pipelines.launcher import run_task
-        from evalbeam.pipelines.registry import spec_of
+        from evalbeam.pipelines.launch.launcher import run_task
+        from evalbeam.pipelines.tasks.registry import task_of
 
-        sys.exit(run_task(spec_of(command), rest))
+        sys.exit(run_task(task_of(command), rest))
     if command in TOOLS:
         sys.exit(importlib.import_module(TOOLS[command][0]).run(rest))
     print(f"evalbeam: error: unknown command {command!r}\n\n{usage()}", file=sys.stderr)

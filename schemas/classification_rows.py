@@ -48,14 +48,15 @@ import pyarrow.parquet as pq
 
 from evalbeam.schemas.arrow_tables import (POSITION, REASON, SLICE_PREFIX, metadata_slice_columns,
                                            slice_columns)
-from evalbeam.schemas.formats import (SkippedLine, deep_lines, is_utf8, nonblank_line_numbers,
-                                      not_utf8_reason, scan_lines, too_long_reason)
+from evalbeam.schemas.formats import (deep_lines, is_utf8, nonblank_line_numbers, not_utf8_reason,
+                                      scan_lines)
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.schemas.limits import (MAX_LABEL_CHARS, MAX_UID_CHARS, label_length_problem,
                                      uid_length_problem)
+from evalbeam.schemas.lines import BOM, SkippedLine, too_long_reason
 from evalbeam.schemas.ordering import grouped_order
-from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, lone_surrogate, loads_row,
-                                        slice_value_problem, surrogate_reason)
+from evalbeam.schemas.safe_json import (MAX_NESTING, lone_surrogate, loads_row, slice_value_problem,
+                                        surrogate_reason)
 
 
 LABEL = pa.struct([("key", pa.string()), ("value", pa.string())])
@@ -650,6 +651,27 @@ def _without_long_names(labels: pa.Array, flag) -> pa.Array:
                                     mask=labels.is_null() if labels.null_count else None)
 
 
+def _repeated_labels(label_row: np.ndarray, key_code: np.ndarray, value_code: np.ndarray,
+                     key: pa.Array, value: pa.Array, scored: bool):
+    """(labels repeated within their row: bool per label, reason(row) of a row holding one).
+    A repeat is a key given twice in a row of ground truth (it would have two values), a (key,
+    value) pair given twice in a row of predictions (a value scored twice); the reason names the
+    row's first repeated label. The codes index the dictionaries of key and value."""
+    combo = label_row * (int(key_code.max()) + 1) + key_code
+    if scored:
+        combo = combo * (int(value_code.max()) + 1) + value_code
+    _, inverse, counts = np.unique(combo, return_inverse=True, return_counts=True)
+    repeated = counts[inverse] > 1
+    first_dup = {}
+    for i in np.flatnonzero(repeated):
+        first_dup.setdefault(int(label_row[i]), i)
+    if scored:
+        return repeated, lambda r: (f"value {value[first_dup[r]].as_py()!r} is scored twice for key "
+                                    f"{key[first_dup[r]].as_py()!r}")
+    return repeated, lambda r: (f"key {key[first_dup[r]].as_py()!r} has more than one "
+                                "ground-truth value")
+
+
 def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None = None,
              ) -> tuple[LabelRows, list[tuple[int, str | None, str]]]:
     """Split a normalised table into valid rows and rejects [(position, datum_uid, reason)].
@@ -717,23 +739,9 @@ def validate(table: pa.Table, scored: bool, file_id: int, max_labels: int | None
     value_dict = pc.dictionary_encode(value.fill_null(""))
     key_code = np.asarray(key_dict.indices, dtype=np.int64)
     value_code = np.asarray(value_dict.indices, dtype=np.int64)
-    # duplicates within a row: (row, key) for ground truth, (row, key, value) for predictions
     if len(flat):
-        combo = label_row * (int(key_code.max()) + 1) + key_code
-        if scored:
-            combo = combo * (int(value_code.max()) + 1) + value_code
-        _, inverse, counts = np.unique(combo, return_inverse=True, return_counts=True)
-        repeated = counts[inverse] > 1
-        first_dup = {}
-        for i in np.flatnonzero(repeated):
-            first_dup.setdefault(int(label_row[i]), i)
-        if scored:
-            flag(rows_where(repeated), lambda r: (
-                f"value {value[first_dup[r]].as_py()!r} is scored twice for key "
-                f"{key[first_dup[r]].as_py()!r}"))
-        else:
-            flag(rows_where(repeated), lambda r: (
-                f"key {key[first_dup[r]].as_py()!r} has more than one ground-truth value"))
+        repeated, why = _repeated_labels(label_row, key_code, value_code, key, value, scored)
+        flag(rows_where(repeated), why)
 
     bad = reason != None  # noqa: E711
     # a uid too long is not copied out of the table: its reject names its length instead
@@ -770,3 +778,8 @@ def vocabulary(rows: LabelRows) -> dict[str, set[str]]:
         k, v = divmod(pair, len(rows.value_names) + 1)
         out.setdefault(rows.key_names[k], set()).add(rows.value_names[v])
     return out
+
+
+# Field sets that mark a row (column names or JSON keys) as this task's: a file given to another
+# task's command is named by the command it belongs to (transforms.preflight.task_of_fields).
+IDENTIFYING_FIELDS = (("labels",),)

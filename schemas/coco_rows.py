@@ -28,8 +28,8 @@ import numpy as np
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.json_pieces import ESCAPE, depth_steps, piece_text
 from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, image_size_problem
-from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, SURROGATE_ESCAPE, json_value,
-                                        lone_surrogate, slice_value_problem)
+from evalbeam.schemas.safe_json import (BOM, MAX_NESTING, json_value, slice_value_problem,
+                                        surrogate_in)
 from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
@@ -139,13 +139,14 @@ def document_depth(raw: bytes) -> int:
     """Deepest nesting of objects and arrays in a JSON document of any size, brackets inside
     strings not counted. Escapes (a backslash and the character after it) are removed first, so
     every quote left delimits a string; then only brackets and quotes are kept (a C-speed
-    translate: a COCO file shrinks about 15-fold) and the depth is a running sum over them."""
+    translate: a COCO file shrinks to a small part of its bytes) and the depth is a running sum
+    over them."""
     if b"\\" in raw:
         raw = ESCAPE.sub(b"", raw)
     kept = np.frombuffer(raw.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
     # In pieces of 4 Mi structure bytes, carrying the string parity and the depth across:
-    # arrays the size of a whole 240 MB results file made the first call 0.8 s, not 0.27 s
-    # (fresh memory), and int64 steps everywhere had taken 1.2 s.
+    # arrays the size of a whole results file would each be fresh memory, and int8 steps
+    # summed as int32 move a fraction of the bytes that int64 ones would.
     deepest = depth = parity = 0
     for start in range(0, kept.size, _DEPTH_PIECE):
         inside, step = depth_steps(kept[start:start + _DEPTH_PIECE], parity)
@@ -163,8 +164,7 @@ def _parse(raw: bytes):
     """json.loads(raw)'s value (safe_json.json_value: by orjson when it gives the same), with
     the cyclic garbage collector paused."""
     # A parse builds one tree of fresh objects and no reference cycle: the cyclic collector,
-    # run again and again as the tree grows, would walk it for nothing (a 240 MB results file:
-    # 7.3 s with Python's default thresholds, 3.0 s with evalbeam's, 1.9 s with none)
+    # run again and again as the tree grows, would walk it for nothing
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -200,11 +200,10 @@ def coco_document(raw: bytes):
         return None, f"is not valid JSON ({error})"
     except ValueError as error:   # not UTF-8 text
         return None, f"is not valid JSON text ({error})"
-    if SURROGATE_ESCAPE.search(raw):
-        where = lone_surrogate(value)
-        if where is not None:
-            return None, (f"holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
-                          f"pair) in {where}: not valid Unicode text")
+    where = surrogate_in(raw, value)
+    if where is not None:
+        return None, (f"holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+                      f"pair) in {where}: not valid Unicode text")
     return value, None
 
 
@@ -220,7 +219,7 @@ def coco_piece(raw: bytes, first: bool, last: bool) -> list | None:
         return None
     if not isinstance(value, list) or not value:
         return None
-    if SURROGATE_ESCAPE.search(raw) and lone_surrogate(value) is not None:
+    if surrogate_in(raw, value) is not None:
         return None
     return value
 

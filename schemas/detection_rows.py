@@ -22,9 +22,8 @@ import pyarrow as pa
 from evalbeam.schemas.coco import rle_problem
 from evalbeam.schemas.coco_rows import MAX_COORDINATE, BoxRows, ImageRows, coordinate_problem
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_LABEL_CHARS, MAX_UID_CHARS,
-                                     label_length_problem, uid_length_problem)
-from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.schemas.limits import MAX_IMAGE_PIXELS, MAX_LABEL_CHARS, label_problem, row_uid_problem
+from evalbeam.schemas.safe_json import metadata_problem
 from evalbeam.schemas.slices import canonical_json
 
 _FLOAT_MAX = sys.float_info.max
@@ -192,10 +191,7 @@ def geometry_of(ann: dict, geometry: str, max_pixels: int = MAX_IMAGE_PIXELS):
 def _annotation_problem(ann, scored: bool) -> str | None:
     if not isinstance(ann, dict):
         return "not an object"
-    label = ann.get("label")
-    if not isinstance(label, str) or not label:
-        return "no label (a non-empty string)"
-    problem = label_length_problem("label", len(label))
+    problem = label_problem(ann.get("label"), "label", "no label (a non-empty string)")
     if problem:
         return problem
     if scored:
@@ -208,6 +204,25 @@ def _annotation_problem(ann, scored: bool) -> str | None:
 def _metadata(row: dict, key: str):
     m = row.get("metadata")
     return m.get(key) if isinstance(m, dict) else None
+
+
+def _geometries(row: dict, scored: bool, slice_keys: list[str], geometry: str,
+                max_pixels: int) -> tuple[str | None, list]:
+    """(None, the geometry of each annotation, geometry_of), or (why the row is rejected, []):
+    its annotations are missing, a slice value is not JSON-writable, or an annotation is
+    invalid (named by its 0-based index), checked in that order."""
+    if not isinstance(row.get("annotations"), list):
+        return "missing annotations", []
+    problem = metadata_problem(row.get("metadata"), slice_keys)
+    if problem:
+        return problem, []
+    geometries = []
+    for i, a in enumerate(row["annotations"]):
+        found = _annotation_problem(a, scored) or geometry_of(a, geometry, max_pixels)
+        if isinstance(found, str):
+            return f"annotation {i}: {found}", []
+        geometries.append(found)
+    return None, geometries
 
 
 def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str], file_id: int = 0,
@@ -226,25 +241,9 @@ def native_rows(rows: list, positions: list, scored: bool, slice_keys: list[str]
     good, bad = [], []
     for row, position in zip(rows, positions):
         uid = row.get("datum_uid") if isinstance(row, dict) else None
-        if not isinstance(row, dict):
-            problem = "row must be a JSON object"
-        elif not isinstance(uid, str) or not uid:
-            problem = "missing or empty datum_uid"
-        elif len(uid) > MAX_UID_CHARS:
-            problem = uid_length_problem("datum_uid", len(uid))
-        elif not isinstance(row.get("annotations"), list):
-            problem = "missing annotations"
-        else:
-            problem = (next(filter(None, (slice_value_problem(k, _metadata(row, k))
-                                          for k in slice_keys)), None) if slice_keys else None)
-            geometries = []
-            for i, a in enumerate(row["annotations"] if problem is None else ()):
-                problem = _annotation_problem(a, scored)
-                found = geometry_of(a, geometry, max_pixels) if problem is None else problem
-                if isinstance(found, str):
-                    problem = f"annotation {i}: {found}"
-                    break
-                geometries.append(found)
+        problem, geometries = row_uid_problem(row), []
+        if problem is None:
+            problem, geometries = _geometries(row, scored, slice_keys, geometry, max_pixels)
         if problem:
             bad.append((position, uid if isinstance(uid, str) else None, problem))
         else:
@@ -294,3 +293,8 @@ def labels_of(rows: list) -> set[str]:
                 if isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS:
                     out.add(label)
     return out
+
+
+# Field sets that mark a row (column names or JSON keys) as this task's: a file given to another
+# task's command is named by the command it belongs to (transforms.preflight.task_of_fields).
+IDENTIFYING_FIELDS = (("annotations",), ("image_id", "category_id"), ("images",))

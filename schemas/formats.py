@@ -16,7 +16,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import pyarrow as pa
 
-from evalbeam.schemas.safe_json import BOM, MAX_NESTING, MAX_ROW_BYTES
+from evalbeam.schemas.lines import BOM, SkippedLine, line_blocks
+from evalbeam.schemas.safe_json import MAX_NESTING, MAX_ROW_BYTES
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -39,99 +40,35 @@ def position_name(path: str) -> str:
     return "row" if format_of(path) == "parquet" else "line"
 
 
-class SkippedLine(bytes):
-    """Yielded by jsonl_blocks in place of a line longer than its limit: an empty block that
-    parse_jsonl_block turns into the line's rejection."""
-
-    limit: int
-
-
-def _skipped(limit: int) -> SkippedLine:
-    out = SkippedLine(b"")
-    out.limit = limit
-    return out
-
-
-def too_long_reason(limit: int) -> str:
-    return f"line longer than {limit:,} bytes"
-
-
 def jsonl_blocks(stream: BinaryIO, block_size: int = 16 << 20, max_line_bytes: int | None = None,
                  first_line: int = 1) -> Iterator[tuple[bytes, int]]:
-    """Split a stream into blocks of whole lines: yields (bytes, number of the block's first line).
-    first_line: the number of the stream's first line (a span of a file,
-    transforms/line_spans.py).
+    """Split a stream into blocks of whole lines: yields (bytes, number of the block's first line),
+    every block ending in a newline. The reader is schemas.lines.line_blocks (its rules: a line
+    longer than max_line_bytes, default schemas.safe_json.MAX_ROW_BYTES, comes alone as a
+    SkippedLine and is never held in memory; the file's byte order mark is dropped); a last line
+    without a newline gets one, and is left out when blank. first_line: the number of the
+    stream's first line (a span of a file, transforms/line_spans.py).
 
-    A line longer than max_line_bytes (default schemas.safe_json.MAX_ROW_BYTES), newline not
-    counted, is yielded alone as a SkippedLine and its bytes are read and dropped, so memory stays
-    within about block_size + max_line_bytes whatever the input (a 1 GB line without a newline
-    included).
-
-    A UTF-8 byte order mark at byte 0 of the file (first_line 1) is dropped; a line further on
-    that starts with one is a bad row (schemas.safe_json.loads_row). Arrow's JSON reader drops a
-    BOM at the start of its buffer, so a block that starts with such a line is yielded with a
-    blank line before it (and a first line one lower): the reader then refuses the block, which
-    is parsed line by line, as it is wherever else the line falls."""
+    A line after the first that starts with a byte order mark is a bad row
+    (schemas.safe_json.loads_row), but Arrow's JSON reader drops a BOM at the start of its
+    buffer: a block that starts with such a line is yielded with a blank line before it (and a
+    first line one lower), so that the reader refuses the block and it is parsed line by line,
+    as it is wherever else the line falls."""
     if max_line_bytes is None:
         max_line_bytes = MAX_ROW_BYTES
-    line = first_line
-    rest = b""          # the start of a line whose end has not been read yet
-    skipping = False    # inside a line already known to be too long
-    at_file_start = first_line == 1
-    while True:
-        chunk = stream.read(block_size)
-        if not chunk:
-            break
-        if at_file_start:
-            chunk = chunk[len(BOM):] if chunk.startswith(BOM) else chunk
-            at_file_start = False
-        if skipping:
-            end = chunk.find(b"\n")
-            if end < 0:
-                continue
-            yield _skipped(max_line_bytes), line
-            line += 1
-            chunk, skipping = chunk[end + 1:], False
-        data = rest + chunk
-        cut = data.rfind(b"\n") + 1
-        block, rest = data[:cut], data[cut:]
-        if block:
-            yield from map(_bom_inside, _without_long_lines(block, line, max_line_bytes))
-            line += int(np.count_nonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n")))
-        if len(rest) > max_line_bytes:
-            rest, skipping = b"", True
-    if skipping:
-        yield _skipped(max_line_bytes), line
-    elif rest.strip():
-        if len(rest) > max_line_bytes:
-            yield _skipped(max_line_bytes), line
-        else:
-            yield _bom_inside((rest + b"\n", line))
+    for block, line in line_blocks(stream, max_line_bytes, block_size, first_line):
+        if isinstance(block, SkippedLine):
+            yield block, line
+        elif block.endswith(b"\n"):
+            yield _bom_inside(block, line)
+        elif block.strip():
+            yield _bom_inside(block + b"\n", line)
 
 
-def _bom_inside(piece: tuple[bytes, int]) -> tuple[bytes, int]:
-    """A (block, first line) that starts with a byte order mark as a blank line then the block
-    (see jsonl_blocks); any other unchanged."""
-    block, line = piece
-    return (b"\n" + block, line - 1) if block.startswith(BOM) else piece
-
-
-def _without_long_lines(block: bytes, first_line: int, limit: int) -> Iterator[tuple[bytes, int]]:
-    """The block as (bytes, first line) pieces with every line longer than limit replaced by a
-    SkippedLine (only a block longer than limit can hold one)."""
-    if len(block) <= limit + 1:
-        yield block, first_line
-        return
-    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
-    starts = np.r_[0, ends[:-1] + 1]
-    start = 0
-    for i in np.flatnonzero(ends - starts > limit).tolist():
-        if starts[i] > start:
-            yield block[start:starts[i]], first_line + int(np.count_nonzero(ends < start))
-        yield _skipped(limit), first_line + i
-        start = int(ends[i]) + 1
-    if start < len(block):
-        yield block[start:], first_line + int(np.count_nonzero(ends < start))
+def _bom_inside(block: bytes, line: int) -> tuple[bytes, int]:
+    """(block, first line), or for a block that starts with a byte order mark a blank line then
+    the block (see jsonl_blocks)."""
+    return (b"\n" + block, line - 1) if block.startswith(BOM) else (block, line)
 
 
 # Bytes that shape the nesting of JSON text: _exactly_deep drops every other byte at C speed.
@@ -237,8 +174,8 @@ def nonblank_line_numbers(block: bytes, first_line: int, scanned=None) -> np.nda
 
 def is_utf8(data: bytes) -> bool:
     """Whether bytes are valid UTF-8 (encoded surrogates are not): ASCII, the usual case, is
-    settled by one C-speed scan, other text by Arrow's vectorised validation (about 20 times
-    faster than Python's decoder)."""
+    settled by one C-speed scan, other text by Arrow's vectorised validation (faster than
+    Python's decoder, and it builds no string)."""
     if data.isascii():
         return True
     offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64).tobytes())

@@ -26,7 +26,8 @@ def fnv1a_64(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
     strings: Arrow string or large_string array of length n (nulls hash like "").
     Returns uint64[n]. fnv1a_64(pa.array(["a"]))[0] == 0xAF63DC4C8601EC8C.
     FNV-1a is one multiplication per byte in sequence, and this loop takes one numpy step per
-    byte position: a hostile 50 MB id took hours. A string longer than FNV_BYTES hashes as
+    byte position, so a hostile id of millions of bytes would take as many steps. A string
+    longer than FNV_BYTES hashes as
     FNV-1a of its first FNV_BYTES bytes, XORed with the 8-byte BLAKE2b digest (little-endian) of
     all its bytes and multiplied by the FNV prime once more: still a function of every byte,
     linear time, and no real id reaches it.
@@ -64,7 +65,7 @@ def fnv1a_64(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
             first = int(np.searchsorted(sorted_lengths, j, side="right"))
             byte = data[sorted_starts[first:] + j].astype(np.uint64)
             sorted_hashes[first:] = (sorted_hashes[first:] ^ byte) * FNV_PRIME
-        # the few longer strings: their whole bytes through BLAKE2b (C, ~1 GB/s), mixed in
+        # the few longer strings: their whole bytes through BLAKE2b (C, linear time), mixed in
         for i in range(int(np.searchsorted(sorted_lengths, FNV_BYTES, side="right")), n):
             start = int(sorted_starts[i])
             rest = hashlib.blake2b(data[start: start + int(sorted_lengths[i])], digest_size=8).digest()

@@ -1,8 +1,8 @@
 """Where a JSON document can be cut into pieces that parse alone: a COCO results file (one JSON
 array of detections), or the "annotations" array of a COCO instances file (an object).
 
-Parsing such a file whole is serial: one worker builds the whole tree (a 240 MB results file of
-2.8 M detections: about 1.5 s and 2 GB of objects, then 2 s more to check its rows). array_pieces
+Parsing such a file whole is serial: one worker builds the whole tree, in time and memory that
+grow with the file, then checks every row. array_pieces
 scans the bytes once, block by block, with numpy over the structure bytes only (brackets, braces,
 quotes and commas), and cuts the array at commas that separate its elements, about every
 piece_bytes bytes. Each piece is then parsed on its own, by any worker, as "[" + its bytes + "]"
@@ -141,7 +141,7 @@ def array_pieces(stream, piece_bytes: int, max_depth: int,
         if content:
             last_content = offset + content - 1
         buf = np.frombuffer(block, dtype=np.uint8)
-        # a C translate and a bool view: 3 ms a block, against 7 for a numpy lookup
+        # a C translate and a bool view, cheaper than a numpy lookup table
         where = np.flatnonzero(np.frombuffer(block.translate(_STRUCTURE), dtype=np.bool_))
         if where.size:
             kept = buf[where]

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# 100 megapixels: a 10,000 x 10,000 image. A datum of that size takes, while it is matched,
-# about 3 bytes a pixel (RLE segment rows: 0.26 GB), 4 (8-bit label maps: 0.4 GB) or 8 (rows of
-# mask files, 16-bit label maps: 0.8 GB) on top of the worker's own ~0.2 GB (measured on the
-# DirectRunner); a 13,000 x 13,000 label map (169 megapixels) needs --max_image_pixels 169000000
-# and 0.7 to 1.4 GB per worker at a time.
+# 100 megapixels: a 10,000 x 10,000 image. A datum takes, while it is matched, a few bytes a
+# pixel (3 for RLE segment rows, 4 for 8-bit label maps, 8 for rows of mask files and 16-bit
+# label maps) on top of the worker's own memory; a larger image (a 13,000 x 13,000 label map
+# needs --max_image_pixels 169000000) takes that much more per worker at a time.
 MAX_IMAGE_PIXELS = 100_000_000
 # pycocotools keeps RLE run lengths in 32-bit unsigned integers: no image can be larger.
 MAX_RLE_PIXELS = 2**32 - 1
@@ -24,13 +23,12 @@ MAX_RLE_PIXELS = 2**32 - 1
 MAX_MASK_BYTES = 256 << 20
 # Segments of one row: their numbers are stored as uint16 pixel ids (0 = no segment). RLE
 # segments cost one pass over the image and their runs however many there are (overlaps are found
-# from the runs: 40 RLEs piled on one 10,000 x 10,000 area took one to two minutes when each
-# was decoded, 2 ms now); mask files are bounded by MASK_FILE_IMAGES_PER_ROW.
+# from the runs, not by decoding each segment); mask files are bounded by MASK_FILE_IMAGES_PER_ROW.
 MAX_SEGMENTS_PER_ROW = 65_535
 # The pixels of one segmentation row's mask files (mask_uri), in all, as images of
-# --max_image_pixels pixels: each file is read and decoded whole (about 2 s per 100 megapixels:
-# PNG decoding, then painting), so a row could name the same 100-megapixel PNG 65,535 times and
-# take a day and a half. 40 images' worth (4 billion pixels by default, about 80 s) is 40
+# --max_image_pixels pixels: each file is read and decoded whole (PNG decoding, then painting:
+# time in proportion to its pixels), so without a bound a row could name the same 100-megapixel
+# PNG 65,535 times and take more than a day. 40 images' worth (4 billion pixels by default) is 40
 # full-sized masks, or 2,000 two-megapixel (Cityscapes-sized) ones; RLE segments and label maps
 # cost one pass whatever their number, and are the way past the bound.
 MASK_FILE_IMAGES_PER_ROW = 40
@@ -40,9 +38,8 @@ MAX_LABELS = 2_000
 # Characters (Unicode code points) of one label: a classification label key or value, a detection
 # or segmentation label, a COCO category name, a --label_names name. A label names metric records
 # and is copied into each of them (every score threshold, both axes of a confusion matrix, every
-# model and slice), and into every shard's piece of the input: one 50 MB label value in a
-# 21-row classification input made a 0.94 GB metrics.jsonl and a 5.4 GB peak (0.5 GB with the
-# row rejected, 0.23 GB without it). Real class names are words or short phrases
+# model and slice), and into every shard's piece of the input, so one label of megabytes makes
+# outputs and a worker's memory of gigabytes. Real class names are words or short phrases
 # (COCO's longest, "baseball glove", has 14 characters); 1,024 leaves room for long synonym
 # lists, paths or composite names, and keeps a label's cost in the records near that of its
 # numbers. No option raises it: a longer label is a mistake (a caption or a file's contents in
@@ -50,27 +47,25 @@ MAX_LABELS = 2_000
 MAX_LABEL_CHARS = 1_024
 # Characters of one --slice value written as canonical JSON (schemas/slices.py), as it appears
 # in every record of its slice ("slice": {"region": "eu"}); the same reasoning and number as
-# MAX_LABEL_CHARS (one 50 MB slice value: a 1.6 GB metrics.jsonl and a 7.8 GB peak). Quotes and
-# escapes count: the string "eu" is 4 characters.
+# MAX_LABEL_CHARS. Quotes and escapes count: the string "eu" is 4 characters.
 MAX_SLICE_CHARS = 1_024
 # Characters of one id that outputs write out: a datum_uid (classification, detection,
 # segmentation, text) and a retrieval query id. An id is written once per score row of its datum
 # (every metric of every model: scores.jsonl), per per-query record, in the example lists of
 # classification's confusion-matrix records and detection's curves, and in rejected.jsonl, and
-# every shard piece of its rows carries it: one 50 MB datum_uid in a 52-row text input made a
-# 0.5 GB scores.jsonl and a 1.7 GB peak, and in a 403-row classification input with
-# --max_examples 1000 a 1.15 GB metrics.jsonl and a 9.3 GB peak. 4,096 is Linux's PATH_MAX, so a
+# every shard piece of its rows carries it: one id of megabytes makes outputs and a worker's
+# memory of gigabytes, as a long label does. 4,096 is Linux's PATH_MAX, so a
 # local path, a URL or an object-store URI used as the id fits (gs:// and s3:// object names are
 # at most 1,024 bytes, bucket names at most 222 characters); hashes, UUIDs and database keys are
 # far shorter. An id at the bound costs a score row about 4 KB, the order of the row's own text.
 # No option raises it: a longer id is the datum's text or a mistake, and a hash of it is the fix.
-# Retrieval's document ids are not bounded: no output repeats them (pipelines/retrieval.md).
+# Retrieval's document ids are not bounded: no output repeats them (pipelines/tasks/retrieval.md).
 MAX_UID_CHARS = 4_096
 # Characters of a text run's response and of each of its references (`--max_text_chars` raises
-# it). ROUGE-L's longest common subsequence costs the product of the two texts' token counts:
-# a 760 KB response against a 760 KB reference (200,000 words each) took 10 s, and 50 MB texts
-# would take hours. 200,000 characters is some 35,000 words, a long report; at the bound the
-# LCS of one pair takes about 0.2 s. The other text metrics are linear in the text.
+# it). ROUGE-L's longest common subsequence costs the product of the two texts' token counts,
+# so two texts of megabytes would take hours. 200,000 characters is some 35,000 words, a long
+# report, and one pair at the bound takes a fraction of a second. The other text metrics are
+# linear in the text.
 MAX_TEXT_CHARS = 200_000
 
 # (prediction, ground truth) pairs one model's predictions make with the ground truths of one
@@ -78,15 +73,11 @@ MAX_TEXT_CHARS = 200_000
 # and keeps them all while it walks them: under the valor protocol, every prediction of the
 # image with every ground truth (the confusion matrix pairs labels across); under the coco
 # protocol, per category, the top 100 predictions (maxDets) with the category's ground truths.
-# One image of 10,000 ground truths and 10,000 predictions of one label (100M pairs) took 65 s
-# and a 15.2 GB peak under the valor protocol, and 30,000 each killed a 24 GB machine; 300,000
-# ground truths under the coco protocol (30M pairs after maxDets) took 40 s and 5 GB. Real dense
-# images have hundreds to a few thousand objects (SKU-110K up to ~700, DOTA's largest a few
-# thousand) and detectors keep 100 to 1,000 boxes: 10M pairs is 3,162 boxes a side. At the
-# bound, one image's run peaks at 0.7 GB (random boxes or polygons) to 1.2 GB (valor, boxes all
-# on one spot so every pair overlaps), 1.5 GB (coco, 100 predictions on 100,000 ground truths
-# of one spot: four area ranges) and 1.5 GB (polygons all on one spot), and takes 5 to 12 s,
-# 110 s for the piled-up polygons (each overlapping pair is a shapely intersection).
+# Time and memory grow with the pairs: 100M pairs take a worker's memory of many gigabytes.
+# Real dense images have hundreds to a few thousand objects (SKU-110K up to ~700, DOTA's largest
+# a few thousand) and detectors keep 100 to 1,000 boxes: 10M pairs is 3,162 boxes a side, and
+# one image at the bound fits a worker of a few GB (polygons piled on one spot, each
+# overlapping pair a shapely intersection, take the longest).
 MAX_IMAGE_PAIRS = 10_000_000
 
 
@@ -138,6 +129,27 @@ def label_length_problem(what: str, length: int, limit: int = MAX_LABEL_CHARS) -
         return None
     return (f"{what} is {length:,} characters long, more than the limit of {limit:,} for a label "
             "(it would be copied into every metric record of its label): use a shorter name")
+
+
+def label_problem(label, what: str, missing: str) -> str | None:
+    """Why a label (what: "label", "segment label") is not evaluated, or None: it is not a
+    non-empty string (the reason is `missing`, in the row format's words), or it is longer than
+    MAX_LABEL_CHARS characters (label_length_problem)."""
+    if not isinstance(label, str) or not label:
+        return missing
+    return label_length_problem(what, len(label))
+
+
+def row_uid_problem(row) -> str | None:
+    """Why a parsed row of the JSON row formats (detection, segmentation, text) has no usable
+    datum_uid, or None: the row is not a JSON object, or its datum_uid is missing, not a string,
+    empty, or longer than MAX_UID_CHARS characters (uid_length_problem)."""
+    if not isinstance(row, dict):
+        return "row must be a JSON object"
+    uid = row.get("datum_uid")
+    if not isinstance(uid, str) or not uid:
+        return "missing or empty datum_uid"
+    return uid_length_problem("datum_uid", len(uid))
 
 
 def uid_length_problem(what: str, length: int, limit: int = MAX_UID_CHARS) -> str | None:

@@ -704,3 +704,8 @@ def _drop_duplicates(columns):
         rejects += [(int(line), reason) for line in columns.line[rows]]
     dropped = np.concatenate(groups) if groups else np.zeros(0, np.int64)
     return without_rows(columns, dropped), rejects
+
+
+# Field sets that mark a row (column names or JSON keys) as this task's: a file given to another
+# task's command is named by the command it belongs to (transforms.preflight.task_of_fields).
+IDENTIFYING_FIELDS = (("query_id", "doc_id"),)

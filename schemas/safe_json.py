@@ -5,14 +5,15 @@ What a row may not do, and what each reader does instead (reject the row with th
   (a multipolygon inside an annotation inside a row); Python's json raises RecursionError near
   1,000 levels and Arrow's JSON reader overflows its stack (a segfault) near 20,000, so depth is
   checked on the raw bytes before either parser sees them;
-- be longer than the reader's line limit (see iter_lines: the rest of the line is skipped, not
+- be longer than the reader's line limit (schemas.lines: the rest of the line is skipped, not
   held in memory);
 - hold a lone UTF-16 surrogate (`"\\ud800"`): valid JSON, but not text, so it could be neither
   written to UTF-8 outputs nor matched by the regular expressions of the rule metrics;
 - start with a UTF-8 byte order mark (BOM) anywhere but at byte 0 of its file. The readers drop
-  the file's own BOM before any line is parsed (iter_lines, schemas.formats.jsonl_blocks,
-  schemas.retrieval_rows), so whether a line is a row never depends on how the file is split;
-  a BOM further on (files that each had one, joined) is a bad row (BOM_REASON);
+  the file's own BOM before any line is parsed (schemas.lines.line_blocks, under iter_lines and
+  schemas.formats.jsonl_blocks; schemas.retrieval_rows), so whether a line is a row never
+  depends on how the file is split; a BOM further on (files that each had one, joined) is a
+  bad row (BOM_REASON);
 - slice on a value that is not finite (NaN, Infinity): JSON outputs cannot carry it
   (slice_value_problem), or on a value longer than MAX_SLICE_CHARS characters as JSON
   (schemas/limits.py: every record of the slice would carry it).
@@ -34,13 +35,13 @@ try:
 except ImportError:   # an optional speed-up: json.loads gives the same values
     orjson = None
 
+from evalbeam.schemas.lines import BOM, SkippedLine, line_blocks, numbered_lines
 from evalbeam.schemas.slices import slice_length_problem
 
 MAX_NESTING = 64
 # The longest input line a reader holds in memory; a longer one is rejected as a row (and
 # skipped without being read into memory whole).
 MAX_ROW_BYTES = 64 << 20
-BOM = b"\xef\xbb\xbf"
 BOM_REASON = ("the line starts with a UTF-8 byte order mark (U+FEFF), which is dropped only at "
               "the start of a file (were files that each had one joined together?)")
 _OPEN = (ord("{"), ord("["))
@@ -81,8 +82,7 @@ def too_deep(raw: bytes, limit: int = MAX_NESTING) -> bool:
     down to its brackets outside strings (without escapes a string holds no quote), all of one
     kind, and peeled: each replace() of "[]" removes the pairs with nothing inside, so a
     well-nested line is gone after as many passes as it is deep. That answers "not too deep" in
-    C-speed passes (numpy's nesting_depth took 97 us for a detection row of 50 boxes, this
-    14); anything else (a backslash, unbalanced brackets, more than limit passes) goes to
+    C-speed passes, where nesting_depth takes several numpy passes over every byte; anything else (a backslash, unbalanced brackets, more than limit passes) goes to
     nesting_depth, so the answer is always nesting_depth's, and the passes are bounded by
     limit."""
     if raw.count(b"{") + raw.count(b"[") <= limit:
@@ -135,20 +135,36 @@ _DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
 _LONG_DIGITS = b"1" * 19
 
 
-def json_value(raw: bytes, text: str | None = None):
-    """json.loads(text) (json.loads(raw) without text), by orjson when it gives the same value:
-    1.4 times faster on a native detection row, 1.6 to 2 times on a COCO file, with the same
-    correctly rounded floats and the same last-key-wins objects. Whatever orjson refuses (NaN,
-    lone surrogates, broken JSON) or might read differently (a run of 19 digits or more:
-    -9223372036854775809 is a float to orjson, an int to json) goes to json.loads, whose values
-    and errors the callers expect. text, the strict UTF-8 decoding of raw, keeps json.loads from
-    guessing an encoding (bytes that start with NUL bytes would be read as UTF-16 or UTF-32)."""
+def fast_value(raw: bytes) -> tuple[bool, object]:
+    """(True, the value) when orjson reads raw and gives the value json.loads would: the same
+    correctly rounded floats, the same last-key-wins objects; else (False, None), for whatever
+    orjson refuses (NaN, lone surrogates, broken JSON, or orjson not installed) or might read
+    differently (a run of 19 digits or more: -9223372036854775809 is a float to orjson, an int
+    to json). orjson is the faster parser (tests/benchmarks/README.md, "Measurements behind the
+    design"); json.loads stays the reference, whose values and errors the callers expect."""
     if orjson is not None and _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
         try:
-            return orjson.loads(raw)
+            return True, orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
+    return False, None
+
+
+def json_value(raw: bytes, text: str | None = None):
+    """json.loads(text) (json.loads(raw) without text), by orjson when it gives the same value
+    (fast_value). text, the strict UTF-8 decoding of raw, keeps json.loads from guessing an
+    encoding (bytes that start with NUL bytes would be read as UTF-16 or UTF-32)."""
+    found, value = fast_value(raw)
+    if found:
+        return value
     return json.loads(raw if text is None else text)
+
+
+def surrogate_in(raw: bytes, value) -> str | None:
+    """Where the parsed value of the JSON text raw holds a lone surrogate (lone_surrogate), or
+    None. Only an escape (\\uD800 to \\uDFFF) in the text can make one, so the value is
+    walked only when the bytes hold such an escape: rows almost never do."""
+    return lone_surrogate(value) if SURROGATE_ESCAPE.search(raw) else None
 
 
 def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
@@ -175,10 +191,9 @@ def loads_row(raw: bytes | str, limit: int = MAX_NESTING):
         return None, f"JSON nested deeper than {limit} levels"
     except ValueError as error:
         return None, f"malformed JSON: {error}"
-    if SURROGATE_ESCAPE.search(raw):
-        where = lone_surrogate(value)
-        if where is not None:
-            return None, surrogate_reason(where)
+    where = surrogate_in(raw, value)
+    if where is not None:
+        return None, surrogate_reason(where)
     return value, None
 
 
@@ -201,42 +216,22 @@ def slice_value_problem(key: str, value) -> str | None:
     return slice_length_problem(key, value)
 
 
+def metadata_problem(metadata, keys) -> str | None:
+    """The first slice_value_problem of the values of the --slice `keys` in a row's metadata, or
+    None; metadata that is not an object holds no values (each is None, which is fine)."""
+    if not isinstance(metadata, dict):
+        return None
+    return next(filter(None, (slice_value_problem(k, metadata.get(k)) for k in keys)), None)
+
+
 def iter_lines(stream: BinaryIO, max_line_bytes: int, chunk_size: int = 8 << 20,
                first_line: int = 1) -> Iterator[tuple[int, bytes | None]]:
-    """(1-based line number, line bytes without the newline) of every line of a stream; None
-    instead of the bytes for a line longer than max_line_bytes, which is skipped without being
-    held in memory. A UTF-8 byte order mark at the start of a file is dropped. first_line: the
-    number of the stream's first line (a span of a file, transforms/line_spans.py); a BOM is
-    only looked for on line 1."""
-    number, rest, skipping, first = first_line, b"", False, first_line == 1
-    while True:
-        chunk = stream.read(chunk_size)
-        if not chunk:
-            break
-        if first:
-            chunk = chunk[len(BOM):] if chunk.startswith(BOM) else chunk
-            first = False
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                break
-            if skipping:
-                yield number, None
-                skipping = False
-            elif len(rest) + end - start > max_line_bytes:
-                yield number, None
-            else:
-                yield number, rest + chunk[start:end]
-            rest = b""
-            number += 1
-            start = end + 1
-        tail = chunk[start:]
-        if skipping or len(rest) + len(tail) > max_line_bytes:
-            skipping, rest = True, b""
+    """(line number, line bytes without the newline) of every line of a stream, blank ones
+    included; None instead of the bytes for a line longer than max_line_bytes, which is never
+    held in memory. The reader is schemas.lines.line_blocks (the file's byte order mark dropped;
+    first_line: the number of the stream's first line, a span of a file)."""
+    for block, number in line_blocks(stream, max_line_bytes, chunk_size, first_line):
+        if isinstance(block, SkippedLine):
+            yield number, None
         else:
-            rest += tail
-    if skipping:
-        yield number, None
-    elif rest:
-        yield number, rest
+            yield from numbered_lines(block, number)

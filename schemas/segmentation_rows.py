@@ -25,10 +25,9 @@ import posixpath
 from dataclasses import dataclass, field
 
 from evalbeam.schemas.coco import rle_problem
-from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, MAX_UID_CHARS,
-                                     image_size_problem, label_length_problem, mask_files_problem,
-                                     uid_length_problem)
-from evalbeam.schemas.safe_json import slice_value_problem
+from evalbeam.schemas.limits import (MAX_IMAGE_PIXELS, MAX_SEGMENTS_PER_ROW, image_size_problem,
+                                     label_problem, mask_files_problem, row_uid_problem)
+from evalbeam.schemas.safe_json import metadata_problem
 from evalbeam.schemas.slices import canonical_json
 
 
@@ -82,10 +81,7 @@ def _segments_problem(segments: list, shape, max_pixels: int) -> str | None:
 def _segment_problem(segment, shape, max_pixels: int) -> str | None:
     if not isinstance(segment, dict):
         return "each segment must be an object"
-    label = segment.get("label")
-    if not isinstance(label, str) or not label:
-        return "segment without label"
-    problem = label_length_problem("segment label", len(label))
+    problem = label_problem(segment.get("label"), "segment label", "segment without label")
     if problem:
         return problem
     has_rle, has_uri = "rle" in segment, "mask_uri" in segment
@@ -102,6 +98,22 @@ def _segment_problem(segment, shape, max_pixels: int) -> str | None:
     return None
 
 
+def _content_problem(row: dict, max_pixels: int) -> str | None:
+    """Why a row's segments or label map are not evaluated, or None (the checks that need no
+    pixels: the module docstring)."""
+    if row.get("segments") is not None and row.get("label_map_uri") is not None:
+        return "a row has either \"segments\" or \"label_map_uri\", not both"
+    if row.get("label_map_uri") is not None:
+        uri = row["label_map_uri"]
+        if not isinstance(uri, str) or not uri:
+            return "label_map_uri must be a non-empty string"
+        return _shape_problem(row["shape"], max_pixels) if row.get("shape") is not None else None
+    if not isinstance(row.get("segments"), list):
+        return "missing segments (or label_map_uri)"
+    return (_shape_problem(row.get("shape"), max_pixels)
+            or _segments_problem(row["segments"], row["shape"], max_pixels))
+
+
 def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slice_keys: list[str],
                  max_pixels: int = MAX_IMAGE_PIXELS):
     """([SegmentRow], [(position, uid or None, reason)]) from parsed rows of one file; max_pixels
@@ -110,33 +122,12 @@ def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slic
     good, bad = [], []
     for row, position in zip(rows, positions):
         uid = row.get("datum_uid") if isinstance(row, dict) else None
-        problem = None
-        if not isinstance(row, dict):
-            problem = "row must be a JSON object"
-        elif not isinstance(uid, str) or not uid:
-            problem = "missing or empty datum_uid"
-        elif len(uid) > MAX_UID_CHARS:
-            problem = uid_length_problem("datum_uid", len(uid))
-        elif row.get("segments") is not None and row.get("label_map_uri") is not None:
-            problem = "a row has either \"segments\" or \"label_map_uri\", not both"
-        elif row.get("label_map_uri") is not None:
-            uri = row["label_map_uri"]
-            if not isinstance(uri, str) or not uri:
-                problem = "label_map_uri must be a non-empty string"
-            elif row.get("shape") is not None:
-                problem = _shape_problem(row["shape"], max_pixels)
-        elif not isinstance(row.get("segments"), list):
-            problem = "missing segments (or label_map_uri)"
-        else:
-            problem = (_shape_problem(row.get("shape"), max_pixels)
-                       or _segments_problem(row["segments"], row["shape"], max_pixels))
-        if problem is None:   # the row is an object: its slice values must be JSON-writable
-            metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
-            problem = next((p for p in (slice_value_problem(k, metadata.get(k)) for k in slice_keys)
-                            if p), None)
+        problem = (row_uid_problem(row) or _content_problem(row, max_pixels)
+                   or metadata_problem(row.get("metadata"), slice_keys))
         if problem:
             bad.append((position, uid if isinstance(uid, str) else None, problem))
             continue
+        metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
         shape = tuple(row["shape"]) if row.get("shape") is not None else None
         if row.get("label_map_uri") is not None:
             segments, label_map = [], resolve_uri(row["label_map_uri"], file_path)
@@ -148,3 +139,8 @@ def segment_rows(rows: list, positions: list, file_path: str, file_id: int, slic
         good.append(SegmentRow(uid, int(position), file_id, shape, segments, label_map,
                                {k: canonical_json(metadata.get(k)) for k in slice_keys}))
     return good, bad
+
+
+# Field sets that mark a row (column names or JSON keys) as this task's: a file given to another
+# task's command is named by the command it belongs to (transforms.preflight.task_of_fields).
+IDENTIFYING_FIELDS = (("segments",), ("label_map_uri",))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evalbeam.schemas.limits import MAX_TEXT_CHARS, text_length_problem, uid_length_problem
+from evalbeam.schemas.limits import MAX_TEXT_CHARS, row_uid_problem, text_length_problem
 from evalbeam.schemas.safe_json import lone_surrogate, slice_value_problem
 from evalbeam.schemas.slices import canonical_json
 
@@ -51,12 +51,7 @@ def _strings(value) -> bool:
 
 
 def _problem(row, scored: bool, max_text_chars: int = MAX_TEXT_CHARS) -> str | None:
-    if not isinstance(row, dict):
-        return "row must be a JSON object"
-    uid = row.get("datum_uid")
-    if not isinstance(uid, str) or not uid:
-        return "missing or empty datum_uid"
-    problem = uid_length_problem("datum_uid", len(uid))
+    problem = row_uid_problem(row)
     if problem:
         return problem
     if row.get("metadata") is not None and not isinstance(row["metadata"], dict):
@@ -131,3 +126,8 @@ def text_rows(rows: list, positions: list, scored: bool, file_id: int, slice_key
             good.append(GroundTruthRow(uid, position, file_id, row.get("query"), list(row.get("references") or []),
                                        row.get("condition"), slices))
     return good, bad
+
+
+# Field sets that mark a row (column names or JSON keys) as this task's: a file given to another
+# task's command is named by the command it belongs to (transforms.preflight.task_of_fields).
+IDENTIFYING_FIELDS = (("response",), ("references",), ("query",))

@@ -42,7 +42,7 @@ def check_golden_case(tmp_path, runner, name):
     env = dict(os.environ, EVALBEAM_JUDGE_API_KEY="golden-key")
     out = str(tmp_path)
     if name == "text_judge":
-        from evalbeam.pipelines.judge_server import StandInServer
+        from evalbeam.pipelines.runners.judge_server import StandInServer
 
         with StandInServer() as server:
             done = run_evalbeam([*command(name, out, server.url), *runner], env)

@@ -31,7 +31,7 @@ def read_jsonl(path) -> list[dict]:
 
 def run_classification(args: list[str]) -> int:
     """Run `evalbeam classification ARGS` in this process; returns the exit code."""
-    from evalbeam.pipelines.classification import run
+    from evalbeam.pipelines.tasks.classification import run
 
     return run([str(a) for a in args])
 

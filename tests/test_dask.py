@@ -1,6 +1,6 @@
 """evalbeam on Dask: a dask.distributed cluster on 127.0.0.1 (a scheduler and two worker
 processes, started and stopped by these tests as `dask scheduler` and `dask worker` would run
-them), driven by `--runner DaskRunner` (pipelines/dask_runner.py). Every task and a sweep must
+them), driven by `--runner DaskRunner` (pipelines/runners/dask.py). Every task and a sweep must
 write byte for byte what the DirectRunner writes, and a worker killed in the middle of a run
 must cost nothing but time. Run alone with `python -m pytest -m dask`.
 """
@@ -159,7 +159,7 @@ def test_the_translation_keeps_what_beam_s_dask_runner_drops(tmp_path, dask_clus
     from apache_beam.options.pipeline_options import PipelineOptions
 
     runner, _ = dask_cluster
-    options = PipelineOptions(["--runner", "evalbeam.pipelines.dask_runner.DaskRunner", *runner[2:]])
+    options = PipelineOptions(["--runner", "evalbeam.pipelines.runners.dask.DaskRunner", *runner[2:]])
     with beam.Pipeline(options=options) as p:
         numbers = p | "Numbers" >> beam.Create(list(range(1000)))
         split = numbers | beam.ParDo(_split).with_outputs("odd", main="even")
@@ -351,8 +351,8 @@ def test_no_scheduler_at_the_address_is_refused_before_anything_is_written(tmp_p
 def test_the_check_takes_its_timeout_at_most():
     """A closed port is refused at once; a port that never completes a connection (its queue
     full, as behind a firewall that drops packets) and a silent peer, after the timeout."""
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.dask_runner import check_scheduler
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.runners.dask import check_scheduler
 
     import distributed.comm  # noqa: F401  (imported before the clock starts, as in a run)
 
@@ -404,7 +404,7 @@ def test_the_check_passes_the_scheduler_and_refuses_a_worker(tmp_path, capsys, d
     workers, which speaks Dask's protocol too, is refused."""
     from distributed import Client
 
-    from evalbeam.pipelines.dask_runner import check_scheduler
+    from evalbeam.pipelines.runners.dask import check_scheduler
 
     _, address = dask_cluster
     check_scheduler(address)

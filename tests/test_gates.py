@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from evalbeam.pipelines import comparison, gates as gating
-from evalbeam.pipelines.common import UsageError
+from evalbeam.pipelines.quality import comparison
+from evalbeam.pipelines.quality import gates as gating
+from evalbeam.pipelines.launch.common import UsageError
 from helpers import MULTIPROCESS, ROOT, page_problems, read_jsonl, run_classification
 
 INPUTS = ROOT / "tests" / "golden" / "inputs" / "classification"
@@ -404,7 +405,7 @@ predictions = "{INPUTS / 'model_b.jsonl'}"
 
 
 def test_sweep_gates_against_a_baseline_sweep(tmp_path, capsys):
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     first = tmp_path / "night1"
     assert sweep([str(small_sweep(tmp_path)), "--output", str(first), "--quiet"]) == 0
@@ -428,7 +429,7 @@ def test_sweep_gates_against_a_baseline_sweep(tmp_path, capsys):
 
 
 def test_sweep_refuses_cell_gates_and_unknown_gate_metrics(tmp_path, capsys):
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     manifest = small_sweep(tmp_path, '[[gate]]\nmetric = "mAP"\nmin = 0.5\n')
     assert sweep([str(manifest), "--output", str(tmp_path / "out")]) == 2
@@ -450,7 +451,7 @@ def test_a_baseline_broken_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     missing_baseline, never a pass."""
     import shutil
 
-    from evalbeam.pipelines import comparison as comparing
+    from evalbeam.pipelines.quality import comparison as comparing
 
     broken = tmp_path / "broken"
     shutil.copytree(baseline, broken)
@@ -497,7 +498,7 @@ def test_a_hand_edited_baseline_stops_the_run_before_any_work(tmp_path, baseline
     line failed the night's run at its very end and lost its metrics."""
     import shutil
 
-    from evalbeam.pipelines.report_command import run as report
+    from evalbeam.pipelines.report.command import run as report
 
     edited = tmp_path / "edited"
     shutil.copytree(baseline, edited)
@@ -520,7 +521,7 @@ def test_a_baseline_edited_during_the_run_keeps_the_run_s_metrics(tmp_path, base
     incomplete (exit 4) with baseline_unreadable naming the line, instead of failing."""
     import shutil
 
-    from evalbeam.pipelines import comparison as comparing
+    from evalbeam.pipelines.quality import comparison as comparing
 
     edited = tmp_path / "edited"
     shutil.copytree(baseline, edited)
@@ -546,7 +547,7 @@ def test_a_sweep_baseline_cell_evalbeam_cannot_have_written_is_named(tmp_path, c
     are missing_baseline. Before, the cell was silently compared with nothing."""
     import shutil
 
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     first = tmp_path / "night1"
     assert sweep([str(small_sweep(tmp_path)), "--output", str(first), "--quiet"]) == 0
@@ -608,7 +609,7 @@ def test_the_output_folder_as_its_own_baseline_is_refused_before_anything_change
     """`--output night --baseline night` (or a symlink to it, or with a trailing slash): the run
     would remove the baseline's files when it starts and end incomplete; a sweep would compare
     each cell with itself and pass by accident. Both stop at once, the folder as it was."""
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     night = tmp_path / "night"
     assert run_classification(classification_args(night)) == 0
@@ -706,7 +707,7 @@ def test_a_sweep_baseline_on_other_datums_of_the_same_count(tmp_path, capsys):
     """Two nights over as many datums but other ones: only the datum fingerprints of the cells'
     leaderboard inputs tell; sweep.json's baseline_problems says so per cell, and so does the
     sweep's page (it did not list them before)."""
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     def manifest(data, name):
         path = tmp_path / name

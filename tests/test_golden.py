@@ -53,7 +53,7 @@ def test_outputs_are_byte_identical(tmp_path, name):
     if needs_reference(name) and not os.path.isdir(REFERENCE):
         pytest.skip(f"needs the shared reference cases at {REFERENCE} (absent in a fresh clone)")
     if name == "text_judge":
-        from evalbeam.pipelines.judge_server import StandInServer
+        from evalbeam.pipelines.runners.judge_server import StandInServer
 
         with StandInServer() as server:
             got = run_case(name, str(tmp_path), server.url)

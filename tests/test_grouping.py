@@ -10,7 +10,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.testing.util import assert_that, equal_to
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.transforms.grouping import INLINE, SPILLED, group_by_shard, pack, unpack
 
 
@@ -62,7 +62,7 @@ def test_only_runners_that_group_in_python_spill():
 
     from evalbeam.transforms.grouping import groups_in_python
 
-    spill = {"": True, "DirectRunner": True, "evalbeam.pipelines.dask_runner.DaskRunner": True,
+    spill = {"": True, "DirectRunner": True, "evalbeam.pipelines.runners.dask.DaskRunner": True,
              "DataflowRunner": False, "FlinkRunner": False, "SparkRunner": False, "PrismRunner": False}
     for runner, expected in spill.items():
         assert groups_in_python(PipelineOptions(["--runner", runner] if runner else [])) is expected, runner

@@ -1,4 +1,4 @@
-"""Results history in MLflow (pipelines/history.py): a real classification run folder logged to a
+"""Results history in MLflow (pipelines/quality/history.py): a real classification run folder logged to a
 local file store in tmp_path and read back through MlflowClient; names that must stay distinct;
 the tracking URI's checks; no telemetry, no network, nothing written outside tmp_path."""
 
@@ -19,7 +19,7 @@ import pytest
 from helpers import read_jsonl, run_classification
 
 # find_spec, not an import: the first `import mlflow` decides whether its telemetry starts, and
-# the module under test is what imports it (pipelines/history.py, with telemetry off)
+# the module under test is what imports it (pipelines/quality/history.py, with telemetry off)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
                                 reason="mlflow is not installed (pip install 'evalbeam[mlflow]')")
 
@@ -34,7 +34,7 @@ def run_folder(tmp_path_factory):
     """A finished classification run: 2 models, --slice region, --bootstrap 20, --compare_to,
     plus a report.html and a gates.json as the launcher's --report and --gates would add (the
     history logs whatever of those files a folder has)."""
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     data = tmp_path_factory.mktemp("data")
     paths = write_classification_dataset(str(data), n_datums=300, n_classes=3, seed=3)
@@ -54,7 +54,7 @@ def run_folder(tmp_path_factory):
 def logged(run_folder, tmp_path_factory):
     """run_folder logged to a file store in tmp_path with HOME and the working folder pointed
     at empty folders and every socket call failing; (client, run_id, home, cwd, environ before)."""
-    from evalbeam.pipelines.history import log_run
+    from evalbeam.pipelines.quality.history import log_run
 
     base = tmp_path_factory.mktemp("mlflow")
     home, cwd = base / "home", base / "cwd"
@@ -241,7 +241,7 @@ def info_of(run_folder, **changes) -> dict:
 
 
 def test_failed_run_ends_failed(logged, run_folder, tmp_path):
-    from evalbeam.pipelines.history import log_run
+    from evalbeam.pipelines.quality.history import log_run
 
     info = info_of(run_folder, status="failed", error="ValueError: boom [while running 'X']")
     for key in ("counts", "rows_read", "rows_rejected", "metrics_written"):
@@ -259,7 +259,7 @@ def test_failed_run_ends_failed(logged, run_folder, tmp_path):
 
 
 def test_a_run_still_running_or_a_folder_without_run_json_is_refused(logged, run_folder, tmp_path):
-    from evalbeam.pipelines.history import log_run
+    from evalbeam.pipelines.quality.history import log_run
 
     folder = write_folder(tmp_path / "running", info_of(run_folder, status="running"), [])
     with pytest.raises(ValueError, match="has not finished"):
@@ -272,7 +272,7 @@ def test_names_that_would_meet_stay_distinct(logged, run_folder, tmp_path):
     """Long names shortened alike, names equal once their characters are made valid or their
     case folded, a field named like a leaf, a model named like the run's own prefix: each
     record keeps a metric of its own, every name valid and at most 250 characters."""
-    from evalbeam.pipelines.history import log_run, metric_names
+    from evalbeam.pipelines.quality.history import log_run, metric_names
 
     long = "x" * 300
     records = [
@@ -328,8 +328,8 @@ def test_names_that_would_meet_stay_distinct(logged, run_folder, tmp_path):
 
 
 def test_check_tracking_uri_on_local_folders(tmp_path):
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.history import check_tracking_uri
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.quality.history import check_tracking_uri
 
     new = tmp_path / "a" / "b" / "mlruns"
     check_tracking_uri(new.as_uri())
@@ -349,8 +349,8 @@ def test_check_tracking_uri_on_local_folders(tmp_path):
 
 
 def test_check_tracking_uri_on_servers():
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.history import check_tracking_uri
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.quality.history import check_tracking_uri
 
     class Quiet(http.server.BaseHTTPRequestHandler):
         """An MLflow-like API under /api and /locked, a 503 under /broken, a plain 404
@@ -397,8 +397,8 @@ def test_check_tracking_uri_on_servers():
 
 
 def test_mlflow_missing(monkeypatch, tmp_path):
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.history import check_tracking_uri, log_run
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.quality.history import check_tracking_uri, log_run
 
     monkeypatch.setitem(sys.modules, "mlflow", None)          # `import mlflow` raises ImportError
     with pytest.raises(UsageError, match=r"pip install 'evalbeam\[mlflow\]'"):
@@ -425,7 +425,7 @@ events = []
 sys.addaudithook(lambda event, args: events.append(event) if event in
                  ("socket.connect", "socket.getaddrinfo", "socket.sendto") else None)
 before = dict(os.environ)
-from evalbeam.pipelines.history import log_run
+from evalbeam.pipelines.quality.history import log_run
 run_id = log_run({str(run_folder)!r}, {(tmp_path / "mlruns").as_uri()!r})
 from mlflow.telemetry import get_telemetry_client
 print(json.dumps({{"telemetry": repr(get_telemetry_client()), "events": events,
@@ -452,7 +452,7 @@ print(json.dumps({{"telemetry": repr(get_telemetry_client()), "events": events,
 def test_a_run_and_a_sweep_log_through_the_command_line(tmp_path, monkeypatch):
     """--mlflow_tracking_uri on a task and on a sweep (one MLflow run per cell that ran; a
     rerun whose cells are all done logs nothing new)."""
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     inputs = Path(__file__).resolve().parent / "golden" / "inputs" / "classification"
     uri = (tmp_path / "store").as_uri()

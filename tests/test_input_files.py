@@ -294,8 +294,8 @@ def test_a_baseline_edited_in_place_is_a_problem_and_fails_its_change_bounds(tmp
 
 
 def test_a_fifo_label_names_file_is_refused(tmp_path, fifo, capsys):
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.segmentation import parse_label_names
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.tasks.segmentation import parse_label_names
 
     pipe = tmp_path / "names.json"
     os.mkfifo(pipe)
@@ -342,7 +342,7 @@ def test_a_journal_line_nested_thousands_deep_is_skipped_not_a_crash(tmp_path):
 
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo"])
 def test_a_journal_part_that_is_a_device_or_pipe_stops_the_run_before_it_starts(tmp_path, target, capsys, monkeypatch):
-    from evalbeam.pipelines.synthetic_rag import write_rag_dataset
+    from evalbeam.pipelines.demo.synthetic_rag import write_rag_dataset
     from evalbeam.transforms.io import ReadError
     from evalbeam.transforms.judge.journal import read_journal
 
@@ -381,7 +381,7 @@ def test_a_journal_part_that_is_a_device_or_pipe_stops_the_run_before_it_starts(
 def test_a_manifest_of_too_many_cells_is_refused_quickly(tmp_path, capsys):
     """3,000 datasets x 3,000 models (700 KB) ran for minutes (a quadratic header search, then
     9 M cells); now the header lines are indexed once and cells stop at MAX_CELLS."""
-    from evalbeam.pipelines.sweep_manifest import MAX_CELLS
+    from evalbeam.pipelines.sweep.manifest import MAX_CELLS
 
     gt = INPUTS / "groundtruths.jsonl"
     text = "".join(f'[[dataset]]\nname = "d{i}"\ntask = "classification"\ngroundtruths = "{gt}"\n'
@@ -397,7 +397,7 @@ def test_a_manifest_of_too_many_cells_is_refused_quickly(tmp_path, capsys):
 
 
 def test_a_gate_file_of_too_many_gates_is_refused(tmp_path, capsys):
-    from evalbeam.pipelines.gates import MAX_GATES
+    from evalbeam.pipelines.quality.gates import MAX_GATES
 
     gates = tmp_path / "gates.toml"
     gates.write_text('[[gate]]\nmetric = "Accuracy"\nmin = 0.1\n' * (MAX_GATES + 1))
@@ -412,8 +412,8 @@ def test_a_gate_file_of_too_many_gates_is_refused(tmp_path, capsys):
 def test_the_demo_replaces_only_its_own_data_files(tmp_path, capsys):
     """`evalbeam demo --folder F` wrote F/data/groundtruths.jsonl with open(..., "w"): a user's
     file of that name was overwritten, and a symlink was followed to its target."""
-    from evalbeam.pipelines.demo import write_demo_data
-    from evalbeam.pipelines.common import UsageError
+    from evalbeam.pipelines.demo.command import write_demo_data
+    from evalbeam.pipelines.launch.common import UsageError
 
     data = tmp_path / "demo" / "data"
     data.mkdir(parents=True)
@@ -443,7 +443,7 @@ def test_a_report_cache_file_that_is_not_a_bundle_is_rebuilt(tmp_path, monkeypat
 
     import vl_convert
 
-    from evalbeam.pipelines import report
+    from evalbeam.pipelines.report import page as report
 
     monkeypatch.setenv("EVALBEAM_CACHE_DIR", str(tmp_path))
     report.vega_bundle.cache_clear() if hasattr(report.vega_bundle, "cache_clear") else None

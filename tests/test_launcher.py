@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from evalbeam.pipelines.common import UsageError
-from evalbeam.pipelines.launcher import build_parser, parse_command
-from evalbeam.pipelines.registry import TASKS, spec_of
+from evalbeam.pipelines.launch.common import UsageError
+from evalbeam.pipelines.launch.launcher import build_parser, parse_command
+from evalbeam.pipelines.tasks.registry import TASKS, task_of
 
 BASE = ["--groundtruths", "gt.jsonl", "--predictions", "m=m.jsonl", "--output", "out"]
 
@@ -30,13 +30,13 @@ BASE = ["--groundtruths", "gt.jsonl", "--predictions", "m=m.jsonl", "--output", 
 ])
 def test_common_checks_are_the_same_for_every_task(task, extra, message):
     with pytest.raises(UsageError) as error:
-        parse_command(spec_of(task), BASE + extra)
+        parse_command(task_of(task), BASE + extra)
     assert message in str(error.value)
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_has_the_common_options_and_its_own(task):
-    spec = spec_of(task)
+    spec = task_of(task)
     parser = build_parser(spec)
     options = {option for action in parser._actions for option in action.option_strings}
     assert {"--groundtruths", "--predictions", "--output", "--slice", "--num_shards",
@@ -54,13 +54,13 @@ def test_every_task_has_the_common_options_and_its_own(task):
 
 
 def test_run_returns_2_and_one_line_for_a_bad_command_line(capsys):
-    assert spec_of("detection").run(BASE + ["--num_shards", "0"]) == 2
+    assert task_of("detection").run(BASE + ["--num_shards", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "evalbeam: error: --num_shards must be 1 or more\n"
 
 
 def test_many_replicates_mean_more_default_shards():
-    from evalbeam.pipelines.launcher import default_num_shards
+    from evalbeam.pipelines.launch.launcher import default_num_shards
 
     mib = 1 << 20
     assert default_num_shards(10 * mib) == 2
@@ -72,7 +72,7 @@ def test_many_replicates_mean_more_default_shards():
 def test_default_shards_are_a_multiple_of_the_local_workers():
     """On the multi-process DirectRunner the default shard count is rounded up to a multiple of
     its workers, so that each worker matches as many shards; other runners keep it."""
-    from evalbeam.pipelines.launcher import _local_workers, balanced_shards
+    from evalbeam.pipelines.launch.launcher import _local_workers, balanced_shards
 
     multi = ("--direct_running_mode", "multi_processing")
     assert _local_workers(multi + ("--direct_num_workers", "2")) == 2
@@ -88,7 +88,7 @@ def test_the_dask_runner_by_its_short_name(monkeypatch):
     known; without dask installed, a one-line usage error names the extra to install."""
     import sys
 
-    from evalbeam.pipelines.common import DASK_RUNNER, UsageError, split_beam_args, with_runner_paths
+    from evalbeam.pipelines.launch.common import DASK_RUNNER, UsageError, split_beam_args, with_runner_paths
 
     monkeypatch.setitem(sys.modules, "apache_beam.runners.dask.dask_runner", None)
     with pytest.raises(UsageError, match=r"evalbeam\[dask\]"):
@@ -102,7 +102,7 @@ def test_the_dask_runner_by_its_short_name(monkeypatch):
 
 
 def test_a_model_name_is_the_whole_name_never_one_with_a_final_newline():
-    from evalbeam.pipelines.common import UsageError, parse_model_spec
+    from evalbeam.pipelines.launch.common import UsageError, parse_model_spec
 
     assert parse_model_spec("good=/data/p.jsonl") == ("good", "/data/p.jsonl")
     assert parse_model_spec("/data/model-b.jsonl.gz") == ("model-b", "/data/model-b.jsonl.gz")

@@ -123,7 +123,7 @@ def test_default_split_reads_a_large_file_in_spans_with_the_same_metrics(tmp_pat
 
     from helpers import run_cli_subprocess
 
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     paths = write_classification_dataset(str(tmp_path / "data"), n_datums=90_000, n_classes=5,
                                          models={"m": 1.0})

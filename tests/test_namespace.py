@@ -18,7 +18,7 @@ import sys
 import apache_beam as beam
 import transforms, schemas, pipelines          # the user's own modules, imported first
 assert transforms.MINE and schemas.MINE and pipelines.MINE
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.transforms.classification import EvaluateClassification
 from evalbeam.transforms.kernels.classification import ClassificationConfig
 
@@ -58,7 +58,7 @@ def accuracy(folder) -> float:
 
 @pytest.mark.parametrize("how", ["cli", "module"])
 def test_cli_and_python_m_beside_the_users_modules(user_folder, how):
-    base = ["evalbeam"] if how == "cli" else [sys.executable, "-m", "evalbeam.pipelines.classification"]
+    base = ["evalbeam"] if how == "cli" else [sys.executable, "-m", "evalbeam.pipelines.tasks.classification"]
     if how == "cli":
         base.append("classification")
     done = run_in(user_folder, [*base, "--groundtruths", "gt.jsonl", "--predictions", "m=m.jsonl",

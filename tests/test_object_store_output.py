@@ -109,7 +109,7 @@ def stored(uri: str) -> bytes:
 def test_retrieval_in_spans_from_the_store_with_per_query(tmp_path, store):
     """TREC files on the store read in byte spans of 16 bytes; per_query.jsonl is published and a
     later run without --per_query removes it."""
-    from evalbeam.pipelines.retrieval import run as retrieval
+    from evalbeam.pipelines.tasks.retrieval import run as retrieval
 
     (tmp_path / "qrels.txt").write_text("q1 0 a 1\nq1 0 b 0\nq2 0 c 1\nq3 0 d 2\n")
     (tmp_path / "run.txt").write_text("q1 Q0 a 1 0.9 r\nq1 Q0 b 2 0.5 r\nq2 Q0 c 1 0.7 r\n"
@@ -135,7 +135,7 @@ def test_segmentation_masks_relative_to_a_row_file_on_the_store(tmp_path, store)
 
     import numpy as np
 
-    from evalbeam.pipelines.segmentation import run as segmentation
+    from evalbeam.pipelines.tasks.segmentation import run as segmentation
     from helpers import write_jsonl
 
     rng = np.random.default_rng(7)
@@ -162,9 +162,9 @@ def test_segmentation_masks_relative_to_a_row_file_on_the_store(tmp_path, store)
 
 def test_the_judge_journal_on_the_store_serves_a_rerun_and_holds_no_key(tmp_path, store,
                                                                         monkeypatch):
-    from evalbeam.pipelines.judge_server import StandInServer
-    from evalbeam.pipelines.synthetic_rag import write_rag_dataset
-    from evalbeam.pipelines.text import run as text
+    from evalbeam.pipelines.runners.judge_server import StandInServer
+    from evalbeam.pipelines.demo.synthetic_rag import write_rag_dataset
+    from evalbeam.pipelines.tasks.text import run as text
 
     secret = "sk-object-store-test-0123456789"
     monkeypatch.setenv("EVALBEAM_STORE_TEST_KEY", secret)

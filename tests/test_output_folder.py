@@ -103,7 +103,7 @@ def test_an_input_in_the_output_folder_is_never_removed(tmp_path, overwrite):
 def test_a_gates_file_among_the_outputs_is_never_removed(tmp_path, capsys, overwrite):
     """Options name inputs too: a gates file kept as out/gates.json was replaced by the run's own
     gates.json under --overwrite. Refused like any input among the outputs."""
-    from evalbeam.pipelines.launcher import _option_files
+    from evalbeam.pipelines.launch.launcher import _option_files
 
     data = small_dataset(tmp_path)
     out = tmp_path / "out"
@@ -116,9 +116,9 @@ def test_a_gates_file_among_the_outputs_is_never_removed(tmp_path, capsys, overw
     assert "never removes an input" in result.stderr and "Traceback" not in result.stderr
     assert listing(out) == before
 
-    from evalbeam.pipelines.classification import SPEC as CLASSIFICATION
-    from evalbeam.pipelines.segmentation import SPEC as SEGMENTATION
-    from evalbeam.pipelines.text import SPEC as TEXT
+    from evalbeam.pipelines.tasks.classification import TASK as CLASSIFICATION
+    from evalbeam.pipelines.tasks.segmentation import TASK as SEGMENTATION
+    from evalbeam.pipelines.tasks.text import TASK as TEXT
 
     class Args:
         gates, judge_byop, label_names = "g.toml", ["a.yaml", "b.yaml"], "names.JSON"
@@ -147,7 +147,7 @@ def test_stale_outputs_and_killed_runs_temp_folders_are_removed(tmp_path):
     qrels.write_text("q1 0 a 1\nq1 0 b 0\nq2 0 c 1\n")
     run_file = tmp_path / "run.txt"
     run_file.write_text("q1 Q0 a 1 0.9 r\nq1 Q0 b 2 0.5 r\nq2 Q0 c 1 0.7 r\n")
-    from evalbeam.pipelines.retrieval import run as retrieval
+    from evalbeam.pipelines.tasks.retrieval import run as retrieval
 
     out = tmp_path / "out"
     args = ["--groundtruths", qrels, "--predictions", f"r={run_file}", "--output", out, "--quiet"]

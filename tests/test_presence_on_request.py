@@ -1,6 +1,6 @@
 """FilesJob.presence: every task's Evaluate<Task>Files returns Evaluated.presence when asked,
 without --bootstrap or --compare_to, the same as the paired comparisons get with them, and the
-metrics do not change (the sweep's datum fingerprints, pipelines/leaderboard.py).
+metrics do not change (the sweep's datum fingerprints, pipelines/sweep/leaderboard.py).
 
 One pipeline per task on the golden inputs (tests/golden/inputs), with the Files transform
 applied three times: presence asked (no bootstrap), bootstrap + compare_to (the reference
@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.evaluated import FilesJob
-from evalbeam.transforms.io import expand_source
+from evalbeam.transforms.preflight import expand_source
 from evalbeam.transforms.kernels.bootstrap import Bootstrap
 
 INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "inputs")

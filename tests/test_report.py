@@ -106,10 +106,10 @@ def test_classification_report_with_baseline_gates_and_hostile_text(tmp_path):
 
 @requires_chromium
 def test_detection_report(tmp_path):
-    from evalbeam.pipelines.detection import SPEC
+    from evalbeam.pipelines.tasks.detection import TASK
 
     out = tmp_path / "det"
-    assert SPEC.run(["--groundtruths", str(GOLDEN / "detection" / "groundtruths.jsonl"),
+    assert TASK.run(["--groundtruths", str(GOLDEN / "detection" / "groundtruths.jsonl"),
                      "--predictions", f"good={GOLDEN / 'detection' / 'good.jsonl'}",
                      "--predictions", f"weak={GOLDEN / 'detection' / 'weak.jsonl'}",
                      "--protocol", "valor", "--max_rejected_fraction", "0.2", "--output", str(out),
@@ -126,8 +126,8 @@ def test_detection_report(tmp_path):
 
 @requires_chromium
 def test_text_report_with_judge_metrics_and_hostile_responses(tmp_path, monkeypatch):
-    from evalbeam.pipelines.judge_server import StandInServer
-    from evalbeam.pipelines.text import SPEC
+    from evalbeam.pipelines.runners.judge_server import StandInServer
+    from evalbeam.pipelines.tasks.text import TASK
 
     gt = [json.loads(line) for line in open(GOLDEN / "text" / "rag" / "groundtruths.jsonl")]
     pred = [json.loads(line) for line in open(GOLDEN / "text" / "rag" / "alpha.jsonl")]
@@ -141,7 +141,7 @@ def test_text_report_with_judge_metrics_and_hostile_responses(tmp_path, monkeypa
     monkeypatch.setenv("EVALBEAM_JUDGE_API_KEY", "report-key")
     out = tmp_path / "text"
     with StandInServer() as server:
-        assert SPEC.run(["--groundtruths", str(tmp_path / "gt.jsonl"),
+        assert TASK.run(["--groundtruths", str(tmp_path / "gt.jsonl"),
                          "--predictions", f"alpha={tmp_path / 'alpha.jsonl'}",
                          "--metrics", "ROUGE,BLEU,Faithfulness,AnswerRelevance,Toxicity,PIILeakage",
                          "--judge_url", server.url, "--judge_rpm", "100000",
@@ -160,7 +160,7 @@ def test_text_report_with_judge_metrics_and_hostile_responses(tmp_path, monkeypa
 
 @requires_chromium
 def test_sweep_report_with_gates(tmp_path):
-    from evalbeam.pipelines.sweep import run as sweep
+    from evalbeam.pipelines.sweep.command import run as sweep
 
     gt, a, b = hostile_classification(tmp_path / "alpha")
     gt2, a2, b2 = hostile_classification(tmp_path / "beta", seed=1)
@@ -209,7 +209,7 @@ def test_sweep_page_lists_the_baseline_problems_as_text(tmp_path):
     """sweep.json's baseline_problems (a baseline cell evaluated on other data) are in the
     page's Problems list, as a run's page lists its baseline_data_differs; their text (cell
     names, the baseline's path, here hostile) is escaped. Before, the sweep page left them out."""
-    from evalbeam.pipelines import report
+    from evalbeam.pipelines.report import page as report
 
     cells = [{"dataset": "golden", "model": m, "status": "complete", "ran": True} for m in ("a", "b")]
     info = {"status": "complete", "cells": cells, "leaderboard_problems": ["few datums"]}
@@ -228,7 +228,7 @@ def test_sweep_page_lists_the_baseline_problems_as_text(tmp_path):
 def test_sweep_page_names_its_baseline_folder_escaped(tmp_path):
     """A sweep with --baseline: its page says which earlier sweep the change bounds were
     checked against (a run's page says it in its comparison card), the path escaped."""
-    from evalbeam.pipelines import report
+    from evalbeam.pipelines.report import page as report
 
     cells = [{"dataset": "golden", "model": "a", "status": "complete", "ran": True}]
     folder = f"/sweeps/{HOSTILE[0]}"
@@ -243,7 +243,7 @@ def test_sweep_page_names_its_baseline_folder_escaped(tmp_path):
 
 
 def test_report_command_on_a_finished_run(tmp_path, capsys):
-    from evalbeam.pipelines.report_command import run as report
+    from evalbeam.pipelines.report.command import run as report
 
     out = tmp_path / "run"
     assert run_classification(["--groundtruths", GOLDEN / "classification" / "groundtruths.jsonl",
@@ -272,7 +272,7 @@ def test_report_o_replaces_only_a_page_evalbeam_wrote(tmp_path, capsys):
     metrics.jsonl (the run then unreadable). An existing FILE is now replaced only when it is
     an evalbeam page; the folder's own report.html named with -o is listed in run.json as
     without -o."""
-    from evalbeam.pipelines.report_command import run as report
+    from evalbeam.pipelines.report.command import run as report
 
     out = tmp_path / "run"
     assert run_classification(["--groundtruths", GOLDEN / "classification" / "groundtruths.jsonl",
@@ -299,7 +299,7 @@ def test_report_o_replaces_only_a_page_evalbeam_wrote(tmp_path, capsys):
 def test_report_bounds_with_many_labels_and_slices(tmp_path):
     """Tables are capped, charts of the sections past MAX_SECTIONS are left out, and the page
     stays small whatever the number of records."""
-    from evalbeam.pipelines import report
+    from evalbeam.pipelines.report import page as report
 
     records = []
     for model in ("a", "b"):

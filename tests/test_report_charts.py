@@ -1,4 +1,4 @@
-"""The report's chart builders (pipelines/report_charts.py): Vega-Lite specs from metric records,
+"""The report's chart builders (pipelines/report/charts.py): Vega-Lite specs from metric records,
 on the golden runs' real records and on edge cases: schema-valid, strict JSON with inline data
 only, the records' numbers in the data, untrusted text only as values, sizes bounded, and the
 same spec for the same records."""
@@ -17,7 +17,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from evalbeam.pipelines import report_charts as rc
+from evalbeam.pipelines.report import charts as rc
 from helpers import ROOT, read_jsonl
 
 GOLDEN = ROOT / "tests" / "golden" / "expected"

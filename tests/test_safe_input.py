@@ -169,6 +169,47 @@ def test_iter_lines_bounds_a_line_without_holding_it():
         assert out == [(1, b"a" * 10), (2, None), (3, b""), (4, b"c" * 7), (5, None)], chunk
 
 
+def test_every_line_reader_is_a_view_of_one_reader(tmp_path):
+    """schemas.lines.line_blocks under iter_lines, jsonl_blocks and input_files.iter_lines: the
+    same lines with the same numbers, a long line in the same place, and the file's byte order
+    mark dropped whatever the read size (a read shorter than the mark too)."""
+    from evalbeam.schemas.formats import jsonl_blocks
+    from evalbeam.schemas.lines import SkippedLine
+    from evalbeam.transforms.input_files import FileRefused, iter_lines as file_lines
+
+    lines = [b'{"a": 1}', b"", b"x" * 150, b"  ", BOM + b'{"b": 2}', b'{"c": 3}']
+    data = BOM + b"\n".join(lines)                  # the last line has no newline
+    expected = [(1, lines[0]), (2, b""), (3, None), (4, b"  "), (5, lines[4]), (6, lines[5])]
+    for chunk in (1, 2, 3, 5, 64, 1 << 20):
+        assert list(iter_lines(io.BytesIO(data), 100, chunk_size=chunk)) == expected, chunk
+        blocks = list(jsonl_blocks(io.BytesIO(data), chunk, max_line_bytes=100))
+        numbered = sorted((first + i, line) for block, first in blocks if not isinstance(block, SkippedLine)
+                          for i, line in enumerate(block.split(b"\n")[:-1]))
+        skipped = [first for block, first in blocks if isinstance(block, SkippedLine)]
+        assert skipped == [3], chunk
+        # a block that starts with a BOM gets a blank line before it, numbered one lower
+        assert [item for item in numbered if item[1].strip()] == [(1, lines[0]), (5, lines[4]),
+                                                                 (6, lines[5])], chunk
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(FileRefused, match="line 3 is longer than 100 bytes"):
+        list(file_lines(str(path), max_line_bytes=100))
+    path.write_bytes(data.replace(b"x" * 150, b"x"))
+    assert list(file_lines(str(path), max_line_bytes=100)) == [
+        (1, lines[0]), (3, b"x"), (5, lines[4]), (6, lines[5])]
+
+
+def test_a_file_with_two_long_lines_is_refused_for_the_first(tmp_path):
+    """input_files.iter_lines names the first line too long, wherever the reads end (before the
+    one reader, a read that ended inside a long line named that line before the earlier ones)."""
+    from evalbeam.transforms.input_files import FileRefused, iter_lines as file_lines
+
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b"y" * 50 + b"\n{}\n" + b"z" * 50)
+    with pytest.raises(FileRefused, match="line 2 is longer than 20 bytes"):
+        list(file_lines(str(path), max_line_bytes=20))
+
+
 COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
                ".deflate": zlib.compress}
 

@@ -214,7 +214,7 @@ def test_coco_long_category_name_stops_the_run_and_long_image_slice_is_rejected(
     with a one-paragraph message (an input error, exit 2). An image whose slice value is too long
     is a rejected image."""
     from evalbeam.schemas.coco_rows import image_rows
-    from evalbeam.transforms.detection import ReadCocoFile
+    from evalbeam.transforms.detection_reading import ReadCocoFile
     from evalbeam.transforms.io import ReadError
 
     images = [{"id": 1, "metadata": {"region": "eu"}}, {"id": 2, "metadata": {"region": LONG}}]
@@ -241,8 +241,8 @@ def test_coco_long_category_name_stops_the_run_and_long_image_slice_is_rejected(
 # ----------------------------------------------------------------------------- segmentation
 
 def test_segmentation_rejects_long_labels_and_slices_and_label_names():
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.segmentation import parse_label_names
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.tasks.segmentation import parse_label_names
     from evalbeam.schemas.segmentation_rows import segment_rows
 
     def row(uid, label="car", region="eu"):
@@ -338,9 +338,9 @@ def test_text_rejects_a_response_or_reference_past_max_text_chars():
     than max_text_chars rejects its row with the field and the length; contexts and the query
     are not bounded (no metric compares them pairwise); --max_text_chars moves the bound and
     must be at least 1."""
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.launcher import parse_command
-    from evalbeam.pipelines.text import SPEC
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.launch.launcher import parse_command
+    from evalbeam.pipelines.tasks.text import TASK
     from evalbeam.schemas.limits import MAX_TEXT_CHARS
     from evalbeam.schemas.text_rows import text_rows
 
@@ -361,6 +361,6 @@ def test_text_rejects_a_response_or_reference_past_max_text_chars():
     good, bad = text_rows(responses, [1, 2, 3], True, 0, [], max_text_chars=MAX_TEXT_CHARS + 1)
     assert len(good) == 3 and not bad
     args = ["--groundtruths", "g.jsonl", "--predictions", "m=p.jsonl", "--output", "o"]
-    assert parse_command(SPEC, args + ["--max_text_chars", "5"])[1].max_text_chars == 5
+    assert parse_command(TASK, args + ["--max_text_chars", "5"])[1].max_text_chars == 5
     with pytest.raises(UsageError, match="--max_text_chars must be at least 1"):
-        parse_command(SPEC, args + ["--max_text_chars", "0"])
+        parse_command(TASK, args + ["--max_text_chars", "0"])

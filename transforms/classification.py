@@ -1,7 +1,7 @@
 """Beam plumbing of classification: reading, shard matching, merging, the composites.
 
 Data flow (see pipelines/DESIGN.md): rows of every source are validated and split by shard
-(ReadClassificationFiles, or ClassificationRowsFromDicts for a user's PCollections) ->
+(ReadClassificationFile, or ClassificationRowsFromDicts for a user's PCollections) ->
 GroupByKey(shard) -> MatchClassification joins ground truths and each model's predictions of the
 shard and runs the numpy kernel per (model, slice) into a ClassificationState ->
 combine_states (transforms/merge.py) adds the partial states -> records_of(state_records). With a
@@ -18,9 +18,7 @@ them (vocabulary_problems).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import typing
 
 import apache_beam as beam
 import numpy as np
@@ -34,25 +32,19 @@ from evalbeam.schemas.classification_rows import (CLASSIFICATION_GROUNDTRUTH,
 from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, SHARD_PIECE, TAG_REJECTED, TAG_STATS, TAG_VOCAB,
-                                    ProgressDoFn, ReadDatasets, ReadFiles, dataset_of, is_truth,
-                                    line_splittable, open_span, qualified, role_of,
-                                    shard_range, span_of, span_text, truth_of)
+from evalbeam.transforms.graph import (TAG_OUTCOMES, TAG_PRESENCE, EvaluateFiles, EvaluateRows,
+                                       MatchContext, Merged, Read, TaskGraph)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn,
+                                    ReadDatasets, dataset_of, is_truth, line_splittable, open_span,
+                                    qualified, role_of, shard_range, span_of,
+                                    span_text, truth_of)
 from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
-from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, ClassificationConfig,
+from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, DEFAULT_METRIC_TYPES,
+                                                        ClassificationConfig,
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
 from evalbeam.transforms.merge import merged_records
 
-# Output type of MatchClassification, which also emits tagged outputs (Beam cannot infer it).
-PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
-# Tagged outputs of MatchClassification for the paired comparisons (Evaluated.presence and
-# Evaluated.outcomes); emitted only when bootstrapping with a baseline model (presence also when
-# asked for, FilesJob.presence).
-TAG_PRESENCE = "presence"
-TAG_OUTCOMES = "outcomes"
 # The most a shard's bootstrap weights (one byte per datum and replicate) may take to be drawn
 # once and shared by its states; beyond it each state draws its own in blocks of replicates
 # (MatchClassification._weights). The default shard count keeps them near 100 MB.
@@ -71,12 +63,6 @@ def validate_table(table: pa.Table, file_id: int, max_labels: int | None = None)
     """validate() with `scored` read from the normalised table's schema (predictions score)."""
     scored = "score" in [f.name for f in table.schema.field("labels").type.value_type]
     return validate(table, scored=scored, file_id=file_id, max_labels=max_labels)
-
-
-def no_vocabulary(rows: LabelRows) -> dict:
-    """For ReadClassificationFile' vocabulary output, which this task does not use: Vocabularies reads the
-    values of each source from the shard pieces, where the source is known."""
-    return {}
 
 
 class VocabularyCombineFn(beam.CombineFn):
@@ -269,29 +255,27 @@ class MatchClassification(ProgressDoFn):
     (every copy is rejected, so the result does not depend on which copy came first) and
     predictions whose datum has no valid ground truth. Tagged outputs as in ReadClassificationFile.
 
-    bootstrap (a kernels.bootstrap.Bootstrap, or None): when enabled, the states carry its
+    context (transforms.graph.MatchContext): with context.bootstrap the states carry its
     replicates, weighted by Bootstrap.weights of the datums' FNV-1a uid hashes. compare: also
     emit, per slice of the shard, TAG_PRESENCE (slice JSON, ("groundtruths" | model, uint64
     hashes of the slice's datums with a ground truth | with a prediction row of the model)) and
     TAG_OUTCOMES ((identity of an Accuracy record, slice JSON), (model, uint64 hashes of the
     datums with a ground truth for its key, bool correct)) for McNemar's test. presence: emit
-    TAG_PRESENCE (not TAG_OUTCOMES) even without compare or bootstrap. layout: {dataset: (first
+    TAG_PRESENCE (not TAG_OUTCOMES) even without compare or bootstrap. context.layout: {dataset: (first
     shard, shard count)} of a job over several datasets (FilesJob.layout): a shard then holds
     one dataset's rows, matched against that dataset's ground truth and models."""
 
-    def __init__(self, config: ClassificationConfig, models: list[str], slice_specs,
-                 files: dict[str, tuple[str, ...]], quiet: bool, started: float, num_shards: int,
-                 bootstrap=None, compare: bool = False, presence: bool = False, layout=None):
-        super().__init__(quiet, started)
+    def __init__(self, config: ClassificationConfig, context: MatchContext):
+        super().__init__(context.quiet, context.started)
         self.config = config
-        self.layout = dict(layout or {})
-        self.models = models
-        self.slice_specs = [tuple(s) for s in slice_specs]
-        self.files = files
-        self.num_shards = num_shards
-        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.compare = bool(compare) and self.bootstrap is not None
-        self.presence = self.compare or bool(presence)
+        self.layout = dict(context.layout or {})
+        self.models = list(context.models)
+        self.slice_specs = [tuple(s) for s in context.slices]
+        self.files = context.files
+        self.num_shards = context.num_shards
+        self.bootstrap = context.bootstrap
+        self.compare = context.compare
+        self.presence = context.presence
 
     def setup(self):
         super().setup()
@@ -479,8 +463,6 @@ class MatchClassification(ProgressDoFn):
                     TAG_OUTCOMES, ((identity, slice_json), (model, hashes, correct[t, labelled])))
 
 
-# every record type this task can write (gates check names against it)
-METRIC_TYPES = ALL_METRIC_TYPES
 TYPE_ORDER = {name: i for i, name in enumerate(ALL_METRIC_TYPES)}
 
 
@@ -492,37 +474,6 @@ def record_sort_key(record: dict):
             label.get("key", params.get("label_key", "")), TYPE_ORDER.get(record["type"], 99),
             label.get("value", ""), params.get("score_threshold", -1.0),
             canonical_json(params))
-
-
-def _evaluate(pieces, vocab, config: ClassificationConfig, models, slice_specs, files, quiet,
-              started, num_shards, bootstrap=None, compare: bool = False, presence: bool = False,
-              layout=None, spill_dir: str | None = None):
-    """The shared tail: shard pieces (shard, (source, rows)) and the vocabularies (a singleton
-    {model: vocabulary}) matched per shard (the pieces through grouping.group_by_shard, spilled
-    to spill_dir when given), the states merged per (model, slice), records.
-    Returns (records, rejects, stats, presence, outcomes) of the matching step; presence and
-    outcomes are None unless bootstrapping with compare; presence=True: presence even without
-    (outcomes stay None)."""
-    vocab_view = beam.pvalue.AsSingleton(vocab)
-    wanted = bootstrap if bootstrap is not None and bootstrap.enabled else None
-    if config.bootstrap != wanted:
-        # the calibration state keeps its replicates by the config's Bootstrap: the run's
-        config = dataclasses.replace(config, bootstrap=wanted)
-    match = MatchClassification(config, models, slice_specs, files, quiet, started, num_shards,
-                                bootstrap, compare, presence, layout)
-    shards, shard_meter = group_by_shard(pieces, spill_dir)
-    matched = (shards
-               | "Match" >> beam.ParDo(match, vocab_view)
-               .with_output_types(PARTIAL).with_outputs(
-                   TAG_REJECTED, TAG_STATS, TAG_PRESENCE, TAG_OUTCOMES, main="partials"))
-    # each model's states read on its own vocabulary
-    records, state_meters = merged_records(matched.partials, state_records, vocab_view, config,
-                                           by_model=True, spill_dir=spill_dir)
-    presence = matched[TAG_PRESENCE] if match.presence else None
-    outcomes = matched[TAG_OUTCOMES] if match.compare else None
-    stats = ((matched[TAG_STATS], shard_meter, state_meters)
-             | "MatchStatsAndMeters" >> beam.Flatten())
-    return records, matched[TAG_REJECTED], stats, presence, outcomes
 
 
 class ClassificationRowsFromDicts(beam.DoFn):
@@ -548,110 +499,97 @@ class ClassificationRowsFromDicts(beam.DoFn):
             yield shard, (source, piece)
 
 
-class EvaluateClassificationFiles(beam.PTransform):
-    """The classification job on files (the launcher's PTransform, transforms.evaluated): read
-    and validate every source, find each label key's values, match per shard, merge, and turn
-    the merged states into records. Returns an Evaluated; its problems are the label findings
-    (vocabulary_problems). Evaluated.presence: with job.bootstrap (replicates > 0) and
-    job.compare_to, or with job.presence; Evaluated.outcomes: with bootstrap and compare_to."""
+class ClassificationGraph(TaskGraph):
+    """Classification in the one graph (transforms/graph.py). Side states: each label key's
+    values, per source and per model (Vocabularies), found from the pieces before matching; the
+    matcher and each model's records read them ("vocabs"). A key with more values than
+    config.value_limit is a problem of the run on the command line, and fails a user's pipeline
+    with a ValueError that says so (refuse_over_limit)."""
 
-    def __init__(self, config: ClassificationConfig, job):
-        super().__init__()
-        self.config = config
-        self.job = job
+    name = "classification"
+    match_sides = ("vocabs",)
+    record_order = ALL_METRIC_TYPES
+    default_metrics = DEFAULT_METRIC_TYPES
 
-    def expand(self, pipeline):
-        job, config = self.job, self.config
-        slice_keys = sorted({key for spec in job.slices for key in spec})
-        layout = getattr(job, "layout", None)
-        if layout:
-            pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadDatasets(
-                layout, lambda sources, shards, split: ReadClassificationFiles(
-                    sources, slice_keys, shards, job.quiet, job.started, config, split),
-                job.sources)
-        else:
-            pieces, read_rejects, read_stats = pipeline | "ReadInputs" >> ReadClassificationFiles(
-                job.sources, slice_keys, job.num_shards, job.quiet, job.started, config)
-        per_source, vocab = pieces | "Vocabularies" >> Vocabularies(config, job.models)
-        problems = per_source | "LabelProblems" >> beam.FlatMap(
-            vocabulary_problems, list(job.models), config)
-        bootstrap = getattr(job, "bootstrap", None)
-        records, match_rejects, match_stats, presence, outcomes = _evaluate(
-            pieces, vocab, config, list(job.models), list(job.slices),
-            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started, job.num_shards,
-            bootstrap, getattr(job, "compare_to", None) is not None,
-            bool(getattr(job, "presence", False)), layout, job.temp("pieces"))
-        rejected = (read_rejects, match_rejects) | "Rejects" >> beam.Flatten()
-        stats = (read_stats, match_stats) | "Stats" >> beam.Flatten()
-        return Evaluated(records, rejected, stats, problems, presence=presence, outcomes=outcomes)
+    def prepare(self, config: ClassificationConfig, context, sources):
+        # the calibration state keeps its replicates by the config's Bootstrap: the run's
+        if config.bootstrap != context.bootstrap:
+            config = dataclasses.replace(config, bootstrap=context.bootstrap)
+        return config, context
+
+    def file_reader(self, config, context, sources, num_shards: int | None = None, layout=None):
+        return ReadClassificationFile(sources, config, context.slice_keys,
+                                      num_shards or context.num_shards, context.quiet,
+                                      context.started, layout)
+
+    def read_files(self, pbegin, config, context, sources):
+        if not context.layout:
+            return super().read_files(pbegin, config, context, sources)
+        # a sweep's group of datasets: each dataset's rows in its own range of shards
+        pieces, rejected, stats = pbegin | "ReadDatasets" >> ReadDatasets(
+            context.layout, lambda srcs, shards, layout: self.file_reader(
+                config, context, srcs, shards, layout), sources)
+        return Read(pieces, rejected, stats)
+
+    def rows_reader(self, config, context):
+        return ClassificationRowsFromDicts(context.slice_keys, context.num_shards,
+                                           config.labels_per_row_limit)
+
+    def side_states(self, pbegin, read, shards, config, context):
+        per_source, vocab = read.pieces | "Vocabularies" >> Vocabularies(config, context.models)
+        if context.temp is None:   # a user's pipeline: no run.json to record the key in
+            vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, config)
+        return {"per_source": per_source, "vocabs": beam.pvalue.AsSingleton(vocab)}
+
+    def matcher(self, config, context):
+        return MatchClassification(config, context)
+
+    def merge(self, partials, sides, config, spill_dir):
+        # each model's states read on its own vocabulary
+        records, meters = merged_records(partials, state_records, sides["vocabs"], config,
+                                         by_model=True, spill_dir=spill_dir)
+        return Merged(records, meters)
+
+    def problems(self, stages, config, context):
+        return stages.sides["per_source"] | "LabelProblems" >> beam.FlatMap(
+            vocabulary_problems, list(context.models), config)
+
+    record_sort_key = staticmethod(record_sort_key)
+
+
+class EvaluateClassificationFiles(EvaluateFiles):
+    """The classification job on files (the launcher's; transforms/graph.py): read and validate
+    every source, find each label key's values, match per shard, merge, and turn the merged
+    states into records. Its problems are the label findings (vocabulary_problems)."""
+
+    graph = ClassificationGraph()
 
 
 class EvaluateClassification(EvaluateRows):
-    """Classification metrics for a user's own pipeline.
+    """Classification metrics for a user's own pipeline (transforms.graph.EvaluateRows: config,
+    slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to). A label key with
+    more values than config.value_limit fails the pipeline with a ValueError that says so (the
+    command line instead records it in run.json and skips the key)."""
 
-    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
-    in the README). Output: a PCollection of metric records {"type", "value", "parameters",
-    "model", "slice"}. With with_diagnostics=True the output is (records, rejects, stats), where
-    stats holds ((counter, source), n) pairs. bootstrap=Bootstrap(R, confidence, seed): every
-    scalar record gets its "interval" (and proportions their "wilson"), as with --bootstrap;
-    compare_to="model": also the Comparison records of the other models against it. A label key with more values than
-    config.value_limit fails the pipeline with a ValueError that says so (the command line
-    instead records it in run.json and skips the key).
-    """
-
-    def __init__(self, config: ClassificationConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 10_000, with_diagnostics: bool = False, bootstrap=None,
-                 compare_to: str | None = None):
-        super().__init__(config or ClassificationConfig(), slices, num_shards, batch_size,
-                         with_diagnostics, bootstrap, compare_to)
-
-    def expand(self, pcolls):
-        if GROUNDTRUTHS not in pcolls:
-            raise ValueError(f"EvaluateClassification needs a {GROUNDTRUTHS!r} PCollection")
-        models = sorted(name for name in pcolls if name != GROUNDTRUTHS)
-        slice_keys = self.slice_keys
-        outputs = []
-        for name in [GROUNDTRUTHS] + models:
-            outputs.append(
-                pcolls[name]
-                | f"Batch[{name}]" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
-                | f"Tag[{name}]" >> beam.Map(lambda batch, source: (source, batch), name)
-                | f"Shard[{name}]" >> beam.ParDo(ClassificationRowsFromDicts(
-                    slice_keys, self.num_shards, self.config.labels_per_row_limit))
-                .with_output_types(SHARD_PIECE).with_outputs(
-                    TAG_REJECTED, TAG_STATS, main="pieces"))
-        pieces = [o.pieces for o in outputs] | "Pieces" >> beam.Flatten()
-        _, vocab = pieces | "Vocabularies" >> Vocabularies(self.config, models)
-        vocab = vocab | "RefuseOverLimit" >> beam.Map(refuse_over_limit, self.config)
-        records, rejected, stats, presence, outcomes = _evaluate(
-            pieces, vocab, self.config, models, self.slices, {}, True, 0.0, self.num_shards,
-            self.bootstrap, self.compare_to is not None)
-        records = self.uncertain(records, presence, outcomes, unit="datum")
-        if not self.with_diagnostics:
-            return records
-        rejected = ([o[TAG_REJECTED] for o in outputs] + [rejected]) | "Rejected" >> beam.Flatten()
-        stats = self.row_counters(([o[TAG_STATS] for o in outputs] + [stats]) | "Stats" >> beam.Flatten())
-        return records, rejected, stats
+    graph = ClassificationGraph()
+    default_config = ClassificationConfig
 
 
 class ReadClassificationFile(ProgressDoFn):
     """(source name, file id) -> validated rows split by shard.
 
     Main output: (shard, (source name, rows)) for each shard present in each block. Tagged
-    outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n), TAG_VOCAB
-    {label key: set of values}. `validate(table, file_id)` is the task's validation function
-    (a module-level function, so the DoFn pickles). layout: a multi-dataset read's shard range
-    per dataset (transforms.io.ReadDatasets, shard_range)."""
+    outputs: TAG_REJECTED reject records, TAG_STATS ((counter, source), n). Rows are validated
+    by validate_table with config.labels_per_row_limit. layout: a multi-dataset read's shard
+    range per dataset (transforms.io.ReadDatasets, shard_range)."""
 
-    def __init__(self, sources: dict, schemas: dict, validate, vocabulary,
-                 slice_keys: list[str], num_shards: int, quiet: bool, started: float,
-                 layout: dict | None = None):
+    def __init__(self, sources: dict, config: ClassificationConfig, slice_keys: list[str],
+                 num_shards: int, quiet: bool, started: float, layout: dict | None = None):
         super().__init__(quiet, started)
         self.layout = layout
         self.sources = sources
-        self.schemas = schemas
-        self.validate = validate
-        self.vocabulary = vocabulary
+        self.schemas = {name: schema_of(name) for name in sources}
+        self.max_labels = config.labels_per_row_limit
         self.slice_keys = slice_keys
         self.num_shards = num_shards
 
@@ -676,7 +614,7 @@ class ReadClassificationFile(ProgressDoFn):
                 tables = (parse_jsonl_block(block, line, schema, slice_keys)
                           for block, line in jsonl_blocks(stream, first_line=first_line))
             for table, unparsed in tables:
-                rows, rejects = self.validate(table, file_id)
+                rows, rejects = validate_table(table, file_id, self.max_labels)
                 for line, reason in unparsed:
                     yield beam.pvalue.TaggedOutput(
                         TAG_REJECTED, reject(name, path, line, reason, None, position))
@@ -688,34 +626,7 @@ class ReadClassificationFile(ProgressDoFn):
                 yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n))
                 yield beam.pvalue.TaggedOutput(
                     TAG_STATS, (("rows_rejected", name), len(unparsed) + len(rejects)))
-                yield beam.pvalue.TaggedOutput(TAG_VOCAB, self.vocabulary(rows))
                 for shard, piece in rows.partition(count).items():
                     yield first + shard, (name, piece)
                 self.progress.say(path, f"read {read:,} rows of {path_text}")
         self.progress.say(path, f"read {read:,} rows of {path_text}, done", force=True)
-
-
-class ReadClassificationFiles(beam.PTransform):
-    """Sources (name -> Source with expanded files) -> (pieces, rejects, stats)."""
-
-    def __init__(self, sources, slice_keys, num_shards, quiet, started,
-                 config: ClassificationConfig | None = None, layout: dict | None = None):
-        super().__init__()
-        self.layout = layout
-        self.sources = sources
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
-        self.quiet = quiet
-        self.started = started
-        self.config = config or ClassificationConfig()
-
-    def expand(self, pbegin):
-        schemas = {name: schema_of(name) for name in self.sources}
-        validate_rows = functools.partial(validate_table,
-                                          max_labels=self.config.labels_per_row_limit)
-        reader = ReadClassificationFile(self.sources, schemas, validate_rows, no_vocabulary,
-                                        self.slice_keys, self.num_shards, self.quiet,
-                                        self.started, self.layout)
-        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
-                                                 (TAG_REJECTED, TAG_STATS, TAG_VOCAB))
-        return read.pieces, read[TAG_REJECTED], read[TAG_STATS]

@@ -1,465 +1,53 @@
 """Beam plumbing of object detection: COCO files or native rows, COCO or Valor protocol.
 
-ReadCocoFile (a COCO file) and ReadNativeFile (native JSONL/Parquet rows) load each file in a
-worker, validate it into columns (schemas/coco_rows.py, schemas/detection_rows.py) and split
-images, annotations and detections by shard (FNV-1a of the image id); DetectionRowsFromDicts
-does the same for row dicts of a user's PCollections. MatchDetection computes each model's
+The reading (COCO files, native rows, row dicts) is transforms/detection_reading.py: images,
+annotations and detections split by shard (FNV-1a of the image id). MatchDetection computes each model's
 DetectionState (transforms/kernels/detection.py) per shard and slice; combine_states
 (transforms/merge.py) merges the states of each (model, slice), and records_of turns each merged
 state into records with the kernel's state_records (pycocotools' accumulate and summarize, or
 Valor's metrics). Without --score_bins and --bootstrap the merge and the accumulation run per
-(model, slice, category) instead (_records_by_category; pipelines/detection.md).
+(model, slice, category) instead (_records_by_category; pipelines/tasks/detection.md).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import typing
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from evalbeam.schemas.coco import to_rle
-from evalbeam.schemas.coco_rows import (INT64, MAX_DOCUMENT_NESTING, BoxRows, ImageRows, box_rows,
-                                        coco_document, coco_piece, image_rows)
-from evalbeam.schemas.detection_rows import RowIndex, geometry_area, labels_of, native_rows, stable_id
+from evalbeam.schemas.coco_rows import (BoxRows, ImageRows)
+from evalbeam.schemas.detection_rows import RowIndex, geometry_area, stable_id
 from evalbeam.schemas.formats import position_name
 from evalbeam.schemas.hashing import fnv1a_64
-from evalbeam.schemas.json_pieces import array_pieces
-from evalbeam.schemas.limits import (MAX_IMAGE_PAIRS, MAX_IMAGE_PIXELS, label_length_problem,
-                                     pair_count_problem)
+from evalbeam.schemas.limits import pair_count_problem
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
-                                    ReadFiles, ReadRowFile, line_splittable, open_input,
-                                    read_pcollections, span_text)
+from evalbeam.transforms.detection_reading import (TAG_CATEGORIES, TAG_SIZES, DetectionRowsFromDicts,
+                                                   DetectionSizes, LabelUnion, ReadCocoFile,
+                                                   ReadNativeFile, concat_boxes, concat_images,
+                                                   concat_rows, split_detections, take_images)
+from evalbeam.transforms.graph import (TAG_PRESENCE, EvaluateFiles, EvaluateRows, MatchContext,
+                                       Merged, TaskGraph)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn)
 from evalbeam.transforms.kernels.detection import (COCO, VALOR, CocoState, DetailedState,
                                                    DetectionConfig, DetectionState, Protocol,
                                                    coco_state, detailed_curve, image_pair_counts,
-                                                   SPLIT_MIN_DETECTIONS, category_parts,
-                                                   category_records, category_result,
-                                                   label_spans, pair_box_iou, span_part,
-                                                   splits_by_category, state_records)
+                                                   category_parts, category_records,
+                                                   category_result, label_spans,
+                                                   pair_box_iou, span_part, splits_by_category,
+                                                   state_records)
 from evalbeam.transforms.kernels.detection_confusion import ConfusionState, confusion_state
 from evalbeam.transforms.kernels.masks import as_polygon, pair_geometry_iou, pair_mask_iou
 from evalbeam.transforms.merge import (STATE_KEY, combine_states, merged_records, metered_states,
                                       records_of)
 
-TAG_CATEGORIES = "categories"
-TAG_SIZES = "sizes"     # (model, {category id: detections}) of each piece read (DetectionSizes)
-TAG_PRESENCE = "presence"
-# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+# what one bootstrap weight is drawn for, as the intervals name it (its Task's interval_unit)
 INTERVAL_UNIT = "image"
-PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
-
-
-def image_shards(image_id: np.ndarray, num_shards: int) -> np.ndarray:
-    """Shard of each image: FNV-1a of the decimal image id, mod num_shards.
-
-    Each distinct id is hashed once (a results file names each image ~50 times), its decimal
-    text made by Arrow's cast, which writes int64 as str() does: 0.64 s -> 0.05 s for 2.8 M
-    detections of 50,000 images."""
-    distinct, inverse = np.unique(np.asarray(image_id, dtype=np.int64), return_inverse=True)
-    hashes = fnv1a_64(pc.cast(pa.array(distinct, pa.int64()), pa.string()))
-    return (hashes % np.uint64(num_shards)).astype(np.int64)[inverse.reshape(-1)]
-
-
-def _split(shards: np.ndarray, num_shards: int):
-    """{shard: indices} of the rows of each shard present."""
-    order = np.argsort(shards, kind="stable")
-    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
-    return {s: order[bounds[s]:bounds[s + 1]] for s in range(num_shards) if bounds[s + 1] > bounds[s]}
-
-
-def _concat_images(parts: list[ImageRows]) -> ImageRows:
-    return ImageRows(
-        np.concatenate([p.image_id for p in parts]), np.concatenate([p.height for p in parts]),
-        np.concatenate([p.width for p in parts]),
-        {k: sum((p.slices[k] for p in parts), []) for k in parts[0].slices},
-        np.concatenate([p.position for p in parts]), np.concatenate([p.file_id for p in parts]),
-        sum((p.uid for p in parts), []))
-
-
-def _take_images(images: ImageRows, index: np.ndarray) -> ImageRows:
-    return ImageRows(images.image_id[index], images.height[index], images.width[index],
-                     {k: [v[i] for i in index] for k, v in images.slices.items()},
-                     images.position[index], images.file_id[index],
-                     [images.uid[i] for i in np.asarray(index, dtype=np.int64)])
-
-
-def _concat_rows(parts: list[RowIndex]) -> RowIndex:
-    return RowIndex(np.concatenate([p.image_id for p in parts]), sum((p.uid for p in parts), []),
-                    np.concatenate([p.position for p in parts]),
-                    np.concatenate([p.file_id for p in parts]))
-
-
-def _concat_boxes(parts: list[BoxRows]) -> BoxRows:
-    return BoxRows(
-        np.concatenate([p.image_id for p in parts]), np.concatenate([p.category_id for p in parts]),
-        np.concatenate([p.bbox for p in parts]), np.concatenate([p.value for p in parts]),
-        np.concatenate([p.crowd for p in parts]),
-        None if parts[0].segmentation is None else sum((p.segmentation for p in parts), []),
-        np.concatenate([p.position for p in parts]))
-
-
-class ReadCocoFile(ProgressDoFn):
-    """(source name, file id) -> shard pieces of one COCO file.
-
-    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows, rejected image ids))) and the
-    categories as TAG_CATEGORIES {"id": [...], "name": [...]}; results: (shard, (model,
-    (area_from_bbox, BoxRows))). Bad rows leave through TAG_REJECTED; counts through TAG_STATS.
-    A file that is not one usable COCO document (cut short, not JSON, nested too deep, of the
-    wrong shape, repeated category ids, a category name longer than MAX_LABEL_CHARS characters)
-    raises transforms.io.ReadError: the launcher reports it as an input error (exit 2).
-
-    Rows are checked here on their own; the checks of an annotation against the images and
-    categories (its image exists and was not rejected, its category exists) are
-    MatchDetection's, which sees each shard's images and every category: so the annotations
-    need not be read where the images are. The rejected image ids go to their shards for that.
-
-    ReadFiles cuts an uncompressed file larger than the split size into pieces (cuttable, cut;
-    transforms.io.CutFiles): a results file's array, an instances file's "annotations" array.
-    This reads each piece, (source name, file id, start, end, first element, last,
-    area_from_bbox), as the shard pieces of its elements, positions counted from the array's
-    first; an instances file's rest, (source name, file id, start, end, None, None, None), is
-    the document with the annotations array (bytes start to end) replaced by []. A piece that
-    does not parse makes its worker parse the file whole for the error a whole read gives."""
-
-    def __init__(self, sources, iou_type: str, slice_keys: list[str], num_shards: int,
-                 quiet: bool, started: float, max_pixels: int = MAX_IMAGE_PIXELS):
-        super().__init__(quiet, started)
-        self.sources = sources
-        self.iou_type = iou_type
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
-        self.max_pixels = max_pixels
-
-    def _rejects(self, name, path, bad, what=""):
-        for position, reason in bad:
-            yield beam.pvalue.TaggedOutput(
-                TAG_REJECTED, reject(name, path, int(position), what + reason, None, "row"))
-
-    def process(self, element):
-        if len(element) > 2:
-            yield from self._piece(*element)
-            return
-        name, file_id = element
-        path = self.sources[name].files[file_id]
-        with open_input(path) as stream:
-            obj, reason = coco_document(stream.read())
-        if reason:
-            raise ReadError(f"{path} (given for {name}) {reason}. Nothing of it was used.")
-        segm = self.iou_type == "segm"
-        if name == GROUNDTRUTHS:
-            yield from self._groundtruth(name, path, obj, segm)
-        else:
-            yield from self._results(name, path, obj, segm)
-        self.progress.say(path, f"read {path}", force=True)
-
-    def cuttable(self, name, path) -> bool:
-        """Whether ReadFiles may cut the file into pieces: uncompressed."""
-        return line_splittable(path)
-
-    def cut(self, name, file_id, path, split_bytes: int) -> list[tuple] | None:
-        """The pieces of about split_bytes each of a results file's array, or of an instances
-        file's "annotations" array and the rest of it; None: read it whole."""
-        groundtruth = name == GROUNDTRUTHS
-        area_from_bbox = None
-        with open_input(path) as stream:
-            cut = array_pieces(stream, split_bytes, MAX_DOCUMENT_NESTING,
-                               "annotations" if groundtruth else None)
-            if cut is None:
-                return None
-            if not groundtruth:
-                stream.seek(cut.head[0])
-                head = coco_piece(stream.read(cut.head[1] - cut.head[0]), False, False)
-                # a first element that does not parse fails its piece, and the run, anyway
-                area_from_bbox = _areas_from_boxes(head or [])
-        last = len(cut.pieces) - 1
-        self.progress.say(path, f"cut {path} into {last + 1} pieces", force=True)
-        rest = [(name, file_id, *cut.span, None, None, None)] if groundtruth else []
-        return rest + [(name, file_id, start, end, first, k == last, area_from_bbox)
-                       for k, (start, end, first) in enumerate(cut.pieces)]
-
-    def _piece(self, name, file_id, start, end, first, last, area_from_bbox):
-        path = self.sources[name].files[file_id]
-        with open_input(path) as stream:
-            if first is None:     # an instances file without its annotations
-                raw = stream.read(start) + b"[]"
-                stream.seek(end)
-                obj, reason = coco_document(raw + stream.read())
-                obj = None if reason else obj
-            else:
-                stream.seek(start)
-                obj = coco_piece(stream.read(end - start), first == 0, last)
-        if obj is None:
-            raise self._whole_error(name, path) or ReadError(
-                f"{path} (given for {name}) {_UNCUT}. Nothing of it was used.")
-        segm = self.iou_type == "segm"
-        if first is None:
-            try:
-                outputs = list(self._groundtruth(name, path, obj, segm))
-            except ReadError as error:
-                # a whole read names the JSON's error first, which a piece may hold
-                raise self._whole_error(name, path) or error from None
-            yield from outputs
-            self.progress.say(path, f"read {path} but its annotations")
-        elif name == GROUNDTRUTHS:
-            yield from self._annotations(name, path, obj, segm, first)
-            self.progress.say(path, f"read {path}{span_text(start, end)}")
-        else:
-            yield from self._results(name, path, obj, segm, area_from_bbox, first)
-            self.progress.say(path, f"read {path}{span_text(start, end)}")
-
-    def _whole_error(self, name, path) -> ReadError | None:
-        """The error of parsing the file whole, if it has one."""
-        with open_input(path) as stream:
-            _, reason = coco_document(stream.read())
-        return reason and ReadError(f"{path} (given for {name}) {reason}. Nothing of it was used.")
-
-    def _groundtruth(self, name, path, obj, segm):
-        """The images, categories and annotations of an instances file (the annotations of a
-        cut one are [] here: its pieces hold them)."""
-        if not isinstance(obj, dict):
-            raise ReadError(f"{path} (given for {name}) is not a COCO instances file (a JSON "
-                            "object). Nothing of it was used.")
-        lists = {key: obj.get(key, []) for key in ("images", "annotations", "categories")}
-        wrong = [key for key, value in lists.items() if not isinstance(value, list)]
-        if wrong:
-            raise ReadError(f"{path} (given for {name}) is not a COCO instances file: its "
-                            f"\"{wrong[0]}\" is not a JSON array. Nothing of it was used.")
-        images, bad_images = image_rows(lists["images"], self.slice_keys, need_size=segm,
-                                        max_pixels=self.max_pixels)
-        categories = sorted((c for c in lists["categories"]
-                             if isinstance(c, dict) and isinstance(c.get("id"), int)
-                             and not isinstance(c["id"], bool) and INT64[0] <= c["id"] <= INT64[1]),
-                            key=lambda c: c["id"])
-        category_id = np.array([c["id"] for c in categories], dtype=np.int64)
-        if category_id.size != np.unique(category_id).size:
-            raise ReadError(f"{path} (given for {name}) has category ids that are not unique, so "
-                            "a category_id cannot name one category. Nothing of it was used.")
-        category_name = [str(c.get("name", c["id"])) for c in categories]
-        too_long = next(filter(None, (label_length_problem(f"the name of category {c['id']}", len(n))
-                                      for c, n in zip(categories, category_name))), None)
-        if too_long:
-            # the categories are the file's vocabulary, not rows: rejecting one would reject all
-            # its annotations and change what the metrics mean, so the file is refused whole
-            raise ReadError(f"{path} (given for {name}) cannot be used: {too_long}. Nothing of "
-                            "it was used.")
-        # images rejected for their own reasons (a repeated id, a slice value, a size) still
-        # have ids: MatchDetection rejects their annotations as such, not as naming no image
-        rejected_ids = np.array(sorted({im["id"] for im in lists["images"] if isinstance(im, dict)
-                                        and isinstance(im.get("id"), int)
-                                        and INT64[0] <= im["id"] <= INT64[1]}
-                                       - set(images.image_id.tolist())), dtype=np.int64)
-        yield from self._rejects(name, path, bad_images, "image: ")
-        n_images = len(lists["images"])
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), n_images))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad_images)))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_evaluated", name), n_images - len(bad_images)))
-        yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, {"id": category_id.tolist(),
-                                                        "name": category_name})
-        image_parts = _split(image_shards(images.image_id, self.num_shards), self.num_shards)
-        rejected_parts = _split(image_shards(rejected_ids, self.num_shards), self.num_shards)
-        anns = yield from self._annotation_rows(name, path, lists["annotations"], segm)
-        ann_parts = _split(image_shards(anns.image_id, self.num_shards), self.num_shards)
-        empty = np.zeros(0, np.int64)
-        for shard in sorted(set(image_parts) | set(rejected_parts) | set(ann_parts)):
-            yield shard, (name, (_take_images(images, image_parts.get(shard, empty)),
-                                 anns.take(ann_parts.get(shard, empty)),
-                                 rejected_ids[rejected_parts.get(shard, empty)]))
-
-    def _annotations(self, name, path, annotations: list, segm: bool, first: int):
-        """Shard pieces of a piece of an instances file's annotations, whose first is the
-        array's element `first`."""
-        anns = yield from self._annotation_rows(name, path, annotations, segm, first)
-        images = _no_images(self.slice_keys)
-        no_ids = np.zeros(0, np.int64)
-        for shard, index in _split(image_shards(anns.image_id, self.num_shards),
-                                   self.num_shards).items():
-            yield shard, (name, (images, anns.take(index), no_ids))
-
-    def _annotation_rows(self, name, path, annotations: list, segm: bool, first: int = 0):
-        """Yields the rejects and counts of annotations whose first is the array's element
-        `first`; returns the valid ones (BoxRows, positions counted from the array's first)."""
-        anns, bad = box_rows(annotations, detections=False, need_segmentation=segm,
-                             max_pixels=self.max_pixels)
-        if first:
-            anns.position += first
-            bad = [(position + first, reason) for position, reason in bad]
-        yield from self._rejects(name, path, bad)
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(annotations)))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
-        return anns
-
-    def _results(self, name, path, obj, segm, area_from_bbox=None, first=0):
-        """Shard pieces of results obj, a whole file's or a piece's whose first element is the
-        file's element `first` (positions count from the file's first element)."""
-        if not isinstance(obj, list):
-            raise ReadError(f"{path} (given for {name}) is not a COCO results file (a JSON array "
-                            "of detections). Nothing of it was used.")
-        if area_from_bbox is None:
-            area_from_bbox = _areas_from_boxes(obj)
-        dts, bad = box_rows(obj, detections=True, need_segmentation=segm, max_pixels=self.max_pixels)
-        if first:
-            dts.position += first
-            bad = [(position + first, reason) for position, reason in bad]
-        yield from self._rejects(name, path, bad)
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(obj)))
-        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(bad)))
-        yield beam.pvalue.TaggedOutput(TAG_SIZES, (name, detection_sizes(dts.category_id)))
-        for shard, index in _split(image_shards(dts.image_id, self.num_shards), self.num_shards).items():
-            yield shard, (name, (area_from_bbox, dts.take(index)))
-
-
-def _no_images(slice_keys: list[str]) -> ImageRows:
-    empty = np.zeros(0, np.int64)
-    return ImageRows(empty, empty, empty, {key: [] for key in slice_keys}, empty,
-                     np.zeros(0, np.int32), [])
-
-
-def _areas_from_boxes(results: list) -> bool:
-    """pycocotools' loadRes: when the first result has a bbox, detection areas are box areas."""
-    return bool(results) and isinstance(results[0], dict) and bool(results[0].get("bbox"))
-
-
-# a piece that does not parse while the whole document does: the cut was wrong
-_UNCUT = ("could not be read in pieces, though it parses whole: please report this; "
-          "--input_split_bytes 0 reads every file whole")
-
-
-class ReadNativeFile(ReadRowFile):
-    """(source name, file id) -> shard pieces of a native JSONL/Parquet detection file.
-
-    Ground truth: (shard, (GROUNDTRUTHS, (ImageRows, BoxRows))); predictions: (shard, (model,
-    (True, BoxRows, RowIndex))). TAG_CATEGORIES: (source name, the set of labels seen)."""
-
-    def __init__(self, sources, slice_keys: list[str], num_shards: int, quiet: bool, started: float,
-                 iou_type: str = "bbox", max_pixels: int = MAX_IMAGE_PIXELS):
-        super().__init__(sources, slice_keys, num_shards, quiet, started)
-        self.geometry = "polygon" if iou_type == "segm" else "bbox"
-        self.max_pixels = max_pixels
-
-    def pieces(self, name, rows, positions, rejected, path, file_id, where):
-        return native_pieces(name, rows, positions, rejected, path, file_id, self.slice_keys,
-                             self.num_shards, self.geometry, where, self.max_pixels)
-
-
-def native_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, geometry,
-                  where, max_pixels: int = MAX_IMAGE_PIXELS):
-    """Shard pieces (main output), rejects, stats and (source, labels) (tagged) of parsed native
-    rows of one source. Rows from a PCollection have position None (-1 inside the arrays) and
-    name their source as the file."""
-    scored = name != GROUNDTRUTHS
-    first, boxes, bad = native_rows(rows, [-1 if p is None else p for p in positions], scored,
-                                    slice_keys if not scored else [], file_id, geometry, max_pixels)
-    for position, uid, reason in rejected + bad:
-        position = None if position is None or position < 0 else position
-        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
-    yield beam.pvalue.TaggedOutput(TAG_CATEGORIES, (name, labels_of(rows)))
-    if scored:
-        yield beam.pvalue.TaggedOutput(TAG_SIZES, (name, detection_sizes(boxes.category_id)))
-    row_parts = _split(image_shards(first.image_id, num_shards), num_shards)
-    box_parts = _split(image_shards(boxes.image_id, num_shards), num_shards)
-    empty = np.zeros(0, np.int64)
-    for shard in sorted(set(row_parts) | set(box_parts)):
-        index, box_index = row_parts.get(shard, empty), box_parts.get(shard, empty)
-        if scored:
-            yield shard, (name, (True, boxes.take(box_index), first.take(index)))
-        else:
-            yield shard, (name, (_take_images(first, index), boxes.take(box_index)))
-
-
-class DetectionRowsFromDicts(beam.DoFn):
-    """(source, [row dict, ...]) batches -> shard pieces, like ReadNativeFile for files."""
-
-    def __init__(self, slice_keys: list[str], num_shards: int, iou_type: str):
-        self.slice_keys = slice_keys
-        self.num_shards = num_shards
-        self.geometry = "polygon" if iou_type == "segm" else "bbox"
-
-    def process(self, element):
-        source, batch = element
-        yield from native_pieces(source, batch, [None] * len(batch), [], source, 0, self.slice_keys,
-                                 self.num_shards, self.geometry, "row")
-
-
-def category_table(labels: set) -> dict:
-    """{"id": sorted label ids, "name": labels in the same order} for native rows."""
-    names = sorted(labels)
-    ids = stable_id(names) if names else np.zeros(0, np.int64)
-    order = np.argsort(ids)
-    return {"id": ids[order].tolist(), "name": [names[i] for i in order]}
-
-
-class LabelUnion(beam.CombineFn):
-    """(source, labels) -> the category table of all sources' labels together."""
-
-    def create_accumulator(self):
-        return set()
-
-    def add_input(self, acc, source_labels):
-        acc.update(source_labels[1])
-        return acc
-
-    def merge_accumulators(self, accs):
-        return set().union(*accs)
-
-    def extract_output(self, acc):
-        return category_table(acc)
-
-
-SIZED_CATEGORIES = 16     # the most categories a piece reports to DetectionSizes
-
-
-def detection_sizes(category_id: np.ndarray) -> dict:
-    """{category id: its detections} of one piece's boxes, for its SIZED_CATEGORIES largest
-    categories (ties: the smaller id). Only a category holding a quarter of a model's
-    detections is ever split, and it is among the largest of nearly every piece; the ids are
-    unchecked here (unknown ones are rejected later), so a file of distinct junk ids must not
-    make the side input as large as itself. A category left out of some pieces is undercounted,
-    which changes only whether it is split, never a record."""
-    ids, counts = np.unique(category_id, return_counts=True)
-    keep = np.lexsort((ids, -counts))[:SIZED_CATEGORIES]
-    return dict(zip(ids[keep].tolist(), counts[keep].tolist()))
-
-
-class DetectionSizes(beam.CombineFn):
-    """(model, {category id: detections}) of every piece -> {model: {category id: detections}}
-    over the whole input: what _by_category splits the largest labels by."""
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, acc, model_sizes):
-        model, sizes = model_sizes
-        held = acc.setdefault(model, {})
-        for category, n in sizes.items():
-            held[category] = held.get(category, 0) + n
-        return acc
-
-    def merge_accumulators(self, accs):
-        total: dict = {}
-        for acc in accs:
-            for model, sizes in acc.items():
-                self.add_input(total, (model, sizes))
-        return total
-
-    def extract_output(self, acc):
-        return acc
-
-
-def split_detections() -> int:
-    """SPLIT_MIN_DETECTIONS, or EVALBEAM_SPLIT_DETECTIONS where the pipeline is built (the tests
-    set 0 to split small inputs' labels)."""
-    return int(os.environ.get("EVALBEAM_SPLIT_DETECTIONS", SPLIT_MIN_DETECTIONS))
 
 
 def image_hashes(images: ImageRows) -> np.ndarray:
@@ -518,9 +106,9 @@ def shard_state(images: ImageRows, gts: BoxRows, dts: BoxRows, category_id: np.n
     t = list(protocol.matching_thresholds).index(protocol.pr_curve_iou_threshold)
     uids = [images.uid[i] for i in order]
     hashes = stable_id(uids).view(np.uint64) if uids else np.zeros(0, np.uint64)
-    detailed, confusion = _valor_states(kept, matched_gt[:, 0, t], dt_image, dt_label, dts,
-                                        gt_image, gt_label, gts, pair_iou, protocol,
-                                        category_id.size, uids, hashes, pairs)
+    located = LocatedBoxes(dts, dt_image, dt_label, gts, gt_image, gt_label, uids, hashes)
+    detailed, confusion = _valor_states(kept, matched_gt[:, 0, t], located, pair_iou, protocol,
+                                        category_id.size, pairs)
     return state, detailed, confusion
 
 
@@ -557,10 +145,26 @@ def _geojson(box, shape) -> dict | None:
     return {"type": "Polygon", "coordinates": [[[x, y], [x + w, y], [x + w, y + h], [x, y + h], [x, y]]]}
 
 
-def _valor_states(kept, taken, dt_image, dt_label, dts, gt_image, gt_label, gts, pair_iou,
-                  protocol, n_labels, uids, hashes, pairs=None) -> tuple[DetailedState, ConfusionState]:
+class LocatedBoxes(NamedTuple):
+    """One shard's detections and ground truths with where they belong: dts, gts (BoxRows);
+    dt_image, gt_image: each row's image index; dt_label, gt_label: each row's label index;
+    uids, hashes: each image's datum_uid and its uint64 stable hash."""
+
+    dts: BoxRows
+    dt_image: np.ndarray
+    dt_label: np.ndarray
+    gts: BoxRows
+    gt_image: np.ndarray
+    gt_label: np.ndarray
+    uids: list
+    hashes: np.ndarray
+
+
+def _valor_states(kept, taken, located: LocatedBoxes, pair_iou, protocol, n_labels: int,
+                  pairs=None) -> tuple[DetailedState, ConfusionState]:
     """The DetailedState (at the PR curve's IoU threshold; kept and taken come from coco_match)
     and the ConfusionState of one shard. pairs: (d, g, iou) of _image_pairs, if computed."""
+    dts, dt_image, dt_label, gts, gt_image, gt_label, uids, hashes = located
     score = dts.value
     if pairs is None:
         d, g = _image_pairs(dt_image, gt_image)
@@ -630,23 +234,22 @@ class MatchDetection(ProgressDoFn):
     instances file whose image or category it does not have (_coco_groundtruth).
 
     config.bootstrap (enabled): each CocoState also carries its replicate parts (shard_state).
-    presence (with or without config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    context.presence (with or without config.bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
     ("groundtruths", uint64 hashes of the slice's images)) and (slice JSON, (model, hashes of
     those images with a prediction of the model: a valid native prediction row, or at least one
     valid COCO detection)), for the paired comparisons' coverage counts."""
 
-    def __init__(self, config: DetectionConfig, models, slice_specs, files, quiet, started,
-                 presence: bool = False):
-        super().__init__(quiet, started)
-        self.bootstrap = config.bootstrap if config.bootstrap is not None and config.bootstrap.enabled else None
-        self.presence = bool(presence)
+    def __init__(self, config: DetectionConfig, context: MatchContext):
+        super().__init__(context.quiet, context.started)
+        self.bootstrap = config.bootstrap
+        self.presence = context.presence
         self.protocol = config.protocol
         self.native = config.native
-        self.models = models
-        self.slice_specs = [tuple(s) for s in slice_specs]
+        self.models = list(context.models)
+        self.slice_specs = [tuple(s) for s in context.slices]
         self.iou_type = config.iou_type
         self.max_image_pairs = config.max_image_pairs
-        self.files = files
+        self.files = context.files
 
     def _reject_rows(self, source, index: RowIndex, where, reason_of):
         files = self.files.get(source)
@@ -669,7 +272,7 @@ class MatchDetection(ProgressDoFn):
                                              lambda i: f"datum_uid appears {times[i]} times in groundtruths"))
             keep = np.flatnonzero(counts[inverse] == 1)
             dropped = images.image_id[repeated]
-            images = _take_images(images, keep)
+            images = take_images(images, keep)
             gts = gts.take(np.flatnonzero(~np.isin(gts.image_id, dropped)))
         else:
             outputs = []
@@ -679,8 +282,8 @@ class MatchDetection(ProgressDoFn):
         shard, pieces = element
         category_id = np.array(categories["id"], dtype=np.int64)
         gt_pieces = [p for source, p in pieces if source == GROUNDTRUTHS]
-        images = _concat_images([p[0] for p in gt_pieces]) if gt_pieces else None
-        gts = _concat_boxes([p[1] for p in gt_pieces]) if gt_pieces else None
+        images = concat_images([p[0] for p in gt_pieces]) if gt_pieces else None
+        gts = concat_boxes([p[1] for p in gt_pieces]) if gt_pieces else None
         if self.native and images is not None:
             images, gts, outputs, n_dropped = self._native_groundtruth(images, gts)
             yield from outputs
@@ -699,8 +302,8 @@ class MatchDetection(ProgressDoFn):
                 dts, predicted = None, np.zeros(0, np.int64)
             elif self.native:
                 area_from_bbox = True
-                dts = _concat_boxes([p[1] for p in parts])
-                rows = _concat_rows([p[2] for p in parts])
+                dts = concat_boxes([p[1] for p in parts])
+                rows = concat_rows([p[2] for p in parts])
                 _, inverse, counts = np.unique(rows.image_id, return_inverse=True, return_counts=True)
                 repeated = counts[inverse] > 1
                 known = (np.isin(rows.image_id, images.image_id) if images is not None
@@ -723,7 +326,7 @@ class MatchDetection(ProgressDoFn):
                 predicted = rows.image_id[ok]
             else:
                 area_from_bbox = parts[0][0]
-                dts = _concat_boxes([p[1] for p in parts])
+                dts = concat_boxes([p[1] for p in parts])
                 if len(parts) > 1:
                     # pieces of a cut file arrive in any order; ties of score are broken by
                     # file order (coco_match), so the file's order is restored
@@ -763,7 +366,7 @@ class MatchDetection(ProgressDoFn):
                     yield beam.pvalue.TaggedOutput(TAG_PRESENCE, (slice_json, (model, hashes[with_prediction])))
                 sub_gts = gts.take(np.flatnonzero(np.isin(gts.image_id, chosen)))
                 sub_dts = dts.take(np.flatnonzero(np.isin(dts.image_id, chosen)))
-                parts = shard_state(_take_images(images, image_index), sub_gts, sub_dts,
+                parts = shard_state(take_images(images, image_index), sub_gts, sub_dts,
                                     category_id, self.iou_type, area_from_bbox, self.protocol,
                                     self.bootstrap)
                 state = DetectionState(*parts) if isinstance(parts, tuple) else DetectionState(parts)
@@ -871,8 +474,6 @@ RECORD_ORDER = ("COCOSummary", "COCOClassSummary", "mAP", "AP", "mAPAveragedOver
                 "APAveragedOverIOUs", "mAR", "AR", "mARAveragedOverScores", "ARAveragedOverScores",
                 "Counts", "Precision", "Recall", "F1", "PrecisionRecallCurve",
                 "InterpolatedPrecisionRecallCurve", "DetailedPrecisionRecallCurve", "ConfusionMatrix")
-# every record type this task can write (gates check names against it)
-METRIC_TYPES = RECORD_ORDER
 
 
 def record_sort_key(record: dict):
@@ -882,88 +483,6 @@ def record_sort_key(record: dict):
             RECORD_ORDER.index(record["type"]), params.get("iou_threshold", -1.0),
             params.get("score_threshold", -1.0), params.get("category_id", -1),
             str(params.get("label", "")), params.get("bound", ""))
-
-
-class EvaluateDetectionFiles(beam.PTransform):
-    """COCO files or native rows (job.sources) -> Evaluated (transforms.evaluated).
-
-    problems: the run's findings (transforms.outputs.problem dicts) on label vocabularies of
-    native rows (label_findings); none for COCO files, whose detections of unknown categories
-    are rejected row by row. With job.bootstrap (replicates > 0) the scalar records carry
-    their replicates ("_replicates"; per field for the COCO summaries) and, with job.compare_to
-    too, Evaluated.presence the images of each side; job.presence: Evaluated.presence anyway."""
-
-    def __init__(self, config: DetectionConfig, job):
-        super().__init__()
-        bootstrap = getattr(job, "bootstrap", None)
-        self.config = config._replace(
-            bootstrap=bootstrap if bootstrap is not None and bootstrap.enabled else None)
-        self.compare_to = getattr(job, "compare_to", None)
-        self.presence = bool(getattr(job, "presence", False))
-        self.native = config.native
-        self.sources = job.sources
-        self.models = list(job.models)
-        self.slices = list(job.slices)
-        self.num_shards = job.num_shards
-        self.quiet = job.quiet
-        self.started = job.started
-        self.spill_dir = job.temp("pieces")
-
-    def expand(self, pbegin):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
-        iou_type, max_pixels = self.config.iou_type, self.config.max_image_pixels
-        reader = (ReadNativeFile(self.sources, slice_keys, self.num_shards, self.quiet, self.started,
-                                 iou_type, max_pixels)
-                  if self.native else
-                  ReadCocoFile(self.sources, iou_type, slice_keys, self.num_shards,
-                               self.quiet, self.started, max_pixels))
-        read = pbegin | "ReadFiles" >> ReadFiles(self.sources, reader,
-                                                 (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, TAG_SIZES))
-        if self.native:  # labels of ground truths and predictions alike
-            categories = beam.pvalue.AsSingleton(
-                read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
-            problems = (read[TAG_CATEGORIES]
-                        | "LabelsBySource" >> beam.combiners.ToList()
-                        | "LabelFindings" >> beam.FlatMap(label_findings, list(self.models)))
-        else:  # the categories of the instances file
-            categories = beam.pvalue.AsSingleton(read[TAG_CATEGORIES])
-            problems = pbegin | "NoFindings" >> beam.Create([])
-        metrics, rejected, stats, presence = _evaluate(
-            read, categories, _sizes(read), self.config, self.models, self.slices,
-            {n: s.files for n, s in self.sources.items()}, self.quiet, self.started,
-            self.compare_to, self.presence, self.spill_dir)
-        return Evaluated(metrics, rejected, stats, problems, presence=presence)
-
-
-def _sizes(read):
-    """The side input of every model's detections per category (DetectionSizes)."""
-    return beam.pvalue.AsSingleton(read[TAG_SIZES] | "Sizes" >> beam.CombineGlobally(DetectionSizes()))
-
-
-def _evaluate(read, categories, sizes, config: DetectionConfig, models, slices, files, quiet,
-              started, compare_to=None, presence: bool = False, spill_dir: str | None = None):
-    """The shared tail: match per shard (the pieces through grouping.group_by_shard, spilled
-    to spill_dir when given), merge the states per (model, slice) (per category, and for the
-    largest categories per span of IoU thresholds, by sizes: _records_by_category), records. Returns
-    (metrics, rejected, stats, presence); presence is None unless config.bootstrap is set and
-    there is a compare_to model, or presence=True."""
-    presence = bool(presence) or (config.bootstrap is not None and compare_to is not None)
-    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
-    matched = (shards
-               | "Match" >> beam.ParDo(MatchDetection(config, models, slices, files, quiet, started,
-                                                      presence), categories)
-               .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    if splits_by_category(config):
-        metrics, state_meters = _records_by_category(matched.partials, categories, sizes, config,
-                                                     spill_dir)
-    else:
-        metrics, state_meters = merged_records(matched.partials, state_records, categories, config,
-                                               spill_dir=spill_dir)
-    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
-             | "AllStats" >> beam.Flatten())
-    return metrics, rejected, stats, (matched[TAG_PRESENCE] if presence else None)
 
 
 def _by_category(element, categories: dict, sizes: dict, n_thresholds: int, min_detections: int):
@@ -1002,43 +521,95 @@ def _records_by_category(partials, categories, sizes, config: DetectionConfig, s
     return records, metered_states(parts, combined)
 
 
+class DetectionGraph(TaskGraph):
+    """Detection in the one graph (transforms/graph.py), on COCO files or native rows. Side
+    states: the categories (COCO: the instances file's; native rows: the labels of ground truths
+    and predictions alike, LabelUnion), which the matcher and the records read ("categories"),
+    and every model's detections per category (DetectionSizes), by which the largest categories'
+    merges are split by spans of IoU thresholds (_records_by_category). Problems: the label
+    findings of native rows (label_findings); COCO detections of unknown categories are rejected
+    row by row instead. With a bootstrap the scalar records carry their replicates (per field
+    for the COCO summaries)."""
+
+    name = "detection"
+    read_tags = (TAG_CATEGORIES, TAG_SIZES)
+    match_sides = ("categories",)
+    interval_unit = INTERVAL_UNIT
+    record_order = RECORD_ORDER
+
+    def prepare(self, config: DetectionConfig, context, sources):
+        return config._replace(bootstrap=context.bootstrap), context
+
+    def file_reader(self, config, context, sources):
+        if config.native:
+            return ReadNativeFile(sources, context.slice_keys, context.num_shards, context.quiet,
+                                  context.started, config.iou_type, config.max_image_pixels)
+        return ReadCocoFile(sources, config.iou_type, context.slice_keys, context.num_shards,
+                            context.quiet, context.started, config.max_image_pixels)
+
+    def rows_reader(self, config, context):
+        return DetectionRowsFromDicts(context.slice_keys, context.num_shards, config.iou_type)
+
+    def side_states(self, pbegin, read, shards, config, context):
+        found = read.tagged[TAG_CATEGORIES]
+        if config.native:  # labels of ground truths and predictions alike
+            categories = found | "Labels" >> beam.CombineGlobally(LabelUnion())
+        else:  # the categories of the instances file
+            categories = found
+        sizes = read.tagged[TAG_SIZES] | "Sizes" >> beam.CombineGlobally(DetectionSizes())
+        return {"categories": beam.pvalue.AsSingleton(categories),
+                "sizes": beam.pvalue.AsSingleton(sizes)}
+
+    def matcher(self, config, context):
+        return MatchDetection(config, context)
+
+    def merge(self, partials, sides, config, spill_dir):
+        if splits_by_category(config):
+            records, meters = _records_by_category(partials, sides["categories"], sides["sizes"],
+                                                   config, spill_dir)
+        else:
+            records, meters = merged_records(partials, state_records, sides["categories"], config,
+                                             spill_dir=spill_dir)
+        return Merged(records, meters)
+
+    def problems(self, stages, config, context):
+        if not config.native:
+            return None
+        return (stages.read.tagged[TAG_CATEGORIES]
+                | "LabelsBySource" >> beam.combiners.ToList()
+                | "LabelFindings" >> beam.FlatMap(label_findings, list(context.models)))
+
+    record_sort_key = staticmethod(record_sort_key)
+
+
+class EvaluateDetectionFiles(EvaluateFiles):
+    """COCO files or native rows (job.sources) -> Evaluated (transforms/graph.py, DetectionGraph)."""
+
+    graph = DetectionGraph()
+
+
+def users_default_config() -> DetectionConfig:
+    """EvaluateDetection's default: native bounding boxes, Valor's protocol and thresholds."""
+    return DetectionConfig(protocol=VALOR, native=True)
+
+
 class EvaluateDetection(EvaluateRows):
-    """Detection metrics for a user's own pipeline, on native rows.
+    """Detection metrics for a user's own pipeline, on native rows (transforms.graph.EvaluateRows).
+    config: a kernels.detection.DetectionConfig (default users_default_config; native is
+    implied); its iou_type "bbox" or "segm" (polygons and rasters), protocol, and
+    max_image_pairs as --max_image_pairs (pipelines/tasks/detection.md, crowded images).
+    Intervals are per image."""
 
-    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (native
-    rows as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
-    (records, rejects, stats). protocol: a Protocol (default Valor's, with its default
-    thresholds); iou_type "bbox" or "segm" (polygons and rasters); bootstrap, compare_to: as
-    transforms.evaluated.EvaluateRows (intervals per image); max_image_pairs: as
-    --max_image_pairs (pipelines/detection.md, crowded images)."""
+    graph = DetectionGraph()
+    default_config = users_default_config
 
-    def __init__(self, iou_type: str = "bbox", protocol: Protocol = VALOR, slices=(),
-                 num_shards: int = 16, batch_size: int = 1000, with_diagnostics: bool = False,
-                 bootstrap=None, compare_to: str | None = None,
-                 max_image_pairs: int = MAX_IMAGE_PAIRS):
-        if iou_type == "segm" and protocol.name == "coco":
+    def __init__(self, config: DetectionConfig | None = None, *args, **kwargs):
+        config = (config or users_default_config())._replace(native=True)
+        if config.iou_type == "segm" and config.protocol.name == "coco":
             raise ValueError("native segm rows need the valor protocol (no image sizes to rasterise)")
-        super().__init__(None, slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to)
-        if protocol.score_bins and self.bootstrap.enabled:
+        if config.max_image_pairs < 1:
+            raise ValueError(f"max_image_pairs must be at least 1; got {config.max_image_pairs}")
+        super().__init__(config, *args, **kwargs)
+        if config.protocol.score_bins and self.bootstrap.enabled:
             raise ValueError("score_bins and bootstrap do not go together: the binned state keeps no "
                              "replicates")
-        if max_image_pairs < 1:
-            raise ValueError(f"max_image_pairs must be at least 1; got {max_image_pairs}")
-        self.iou_type = iou_type
-        self.protocol = protocol
-        self.max_image_pairs = max_image_pairs
-
-    def expand(self, pcolls):
-        reader = DetectionRowsFromDicts(self.slice_keys, self.num_shards, self.iou_type)
-        models, read = read_pcollections(pcolls, self.batch_size, reader,
-                                         (TAG_REJECTED, TAG_STATS, TAG_CATEGORIES, TAG_SIZES),
-                                         "EvaluateDetection")
-        categories = beam.pvalue.AsSingleton(
-            read[TAG_CATEGORIES] | "Labels" >> beam.CombineGlobally(LabelUnion()))
-        config = DetectionConfig(self.iou_type, self.protocol, native=True,
-                                 bootstrap=self.bootstrap if self.bootstrap.enabled else None,
-                                 max_image_pairs=self.max_image_pairs)
-        metrics, rejected, stats, presence = _evaluate(read, categories, _sizes(read), config, models,
-                                                       self.slices, {}, True, 0.0, self.compare_to)
-        metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
-        return (metrics, rejected, self.row_counters(stats)) if self.with_diagnostics else metrics

@@ -1,16 +1,15 @@
-"""What every task's file PTransform takes and returns: the contract between a task's Beam
-plumbing (transforms/<task>.py) and the one launcher (pipelines/launcher.py).
+"""What the one graph (transforms/graph.py) takes from the launcher and returns to it.
 
-A task's `Evaluate<Task>Files(config, job)` reads the files of `job.sources`, evaluates them and
-returns an `Evaluated`; the launcher writes metrics.jsonl and rejected.jsonl from it, publishes
-the outputs and run.json, and turns the run's status into an exit code. See pipelines/DESIGN.md.
+A task's `Evaluate<Task>Files(config, job)` (a transforms.graph.EvaluateFiles) reads the files of
+`job.sources`, evaluates them and returns an `Evaluated`; the launcher writes metrics.jsonl and
+rejected.jsonl from it, publishes the outputs and run.json, and turns the run's status into an
+exit code. See pipelines/DESIGN.md.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-import apache_beam as beam
 
 
 class FilesJob(NamedTuple):
@@ -23,10 +22,10 @@ class FilesJob(NamedTuple):
     bootstrap: transforms.kernels.bootstrap.Bootstrap, the replicates the task's kernels weigh
     (replicates 0: none); compare_to: the baseline model of the paired comparisons, or None;
     presence: return Evaluated.presence even without compare_to or replicates (the sweep's
-    datum fingerprints, pipelines/leaderboard.py); the metrics do not change. layout: None, or
+    datum fingerprints, pipelines/sweep/leaderboard.py); the metrics do not change. layout: None, or
     {dataset: (first shard, shard count)} for a job over several datasets whose source names
     are qualified by their dataset (transforms.io.qualified; a sweep's group of cells, only for
-    tasks with TaskSpec.separable_models)."""
+    tasks with Task.separable_models)."""
 
     sources: dict
     models: tuple
@@ -73,48 +72,3 @@ class Evaluated(NamedTuple):
     report: Any = None
     presence: Any = None
     outcomes: Any = None
-
-
-class EvaluateRows(beam.PTransform):
-    """What every Evaluate<Task> (a task's metrics on a dict of PCollections of row dicts, for
-    users' own pipelines) takes besides its own options: config, the task's configuration;
-    slices, tuples of ground-truth metadata keys (as --slice); num_shards, the datum shards;
-    batch_size, rows per batch on their way into shard pieces; with_diagnostics, also return
-    the rejections and the counters; bootstrap, a kernels.bootstrap.Bootstrap (intervals on
-    every scalar record when its replicates > 0); compare_to, a model name: also Comparison
-    records of every other model against it (needs bootstrap). A subclass ends its expand with
-    self.uncertain(records, presence, outcomes)."""
-
-    def __init__(self, config=None, slices=(), num_shards: int = 16, batch_size: int = 1000,
-                 with_diagnostics: bool = False, bootstrap=None, compare_to: str | None = None):
-        super().__init__()
-        from evalbeam.transforms.kernels.bootstrap import Bootstrap
-
-        self.config = config
-        self.slices = [tuple(s) for s in slices]
-        self.num_shards = num_shards
-        self.batch_size = batch_size
-        self.with_diagnostics = with_diagnostics
-        self.bootstrap = bootstrap or Bootstrap()
-        self.compare_to = compare_to
-        if compare_to is not None and not self.bootstrap.enabled:
-            raise ValueError("compare_to needs bootstrap replicates (Bootstrap(replicates=R), R > 0)")
-
-    def uncertain(self, records, presence=None, outcomes=None, unit: str = "datum"):
-        """records with their intervals (and the Comparison records), internal fields gone."""
-        from evalbeam.transforms.uncertainty import Uncertainty
-
-        return Uncertainty.inputs(records, presence, outcomes) | "Uncertainty" >> Uncertainty(
-            self.bootstrap, unit, self.compare_to)
-
-    @staticmethod
-    def row_counters(stats):
-        """stats without the shuffle meters (transforms/meters.py): the diagnostics users get
-        hold the row counters only, which add up with `sum`."""
-        from evalbeam.transforms.meters import is_row_counter
-
-        return stats | "RowCounters" >> beam.Filter(is_row_counter)
-
-    @property
-    def slice_keys(self) -> list[str]:
-        return sorted({key for spec in self.slices for key in spec})

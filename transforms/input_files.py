@@ -33,8 +33,9 @@ import os
 import stat
 from typing import Iterator
 
-from evalbeam.schemas.safe_json import (_DIGIT_MAP, _LONG_DIGITS, MAX_NESTING, MAX_ROW_BYTES,
-                                         SURROGATE_ESCAPE, lone_surrogate, orjson, too_deep)
+from evalbeam.schemas.lines import BOM, SkippedLine, line_blocks, numbered_lines
+from evalbeam.schemas.safe_json import (MAX_NESTING, MAX_ROW_BYTES, fast_value, surrogate_in,
+                                         too_deep)
 
 # A gate file, a sweep manifest, a judge template, a --label_names list, a model's config.json:
 # hand-written settings of a few KiB (a manifest of 10,000 cells is about 1 MiB).
@@ -49,7 +50,6 @@ MAX_TOKENIZER_BYTES = 256 << 20
 # model.onnx: protobuf caps one ONNX file at 2 GiB (larger models keep their weights in
 # external data files, which ONNX Runtime reads itself).
 MAX_MODEL_BYTES = 2 << 30
-BOM = b"\xef\xbb\xbf"
 
 
 class InputError(Exception):
@@ -142,21 +142,30 @@ def _open_object(path: str, limit: int, what: str):
         _refuse(what, f"cannot be opened ({type(error).__name__}: {str(error)[:200]})")
 
 
-def _read_at_most(stream, limit: int, what: str) -> bytes:
-    try:
-        data = stream.read(limit + 1)
-    except OSError as error:
-        _refuse(what, f"cannot be read ({error.strerror or error})")
-    if len(data) > limit:
-        _refuse(what, _size_problem(len(data), limit))
-    return data
+class _BoundedReads:
+    """A stream's reads, refused (FileRefused) once they have given more than limit bytes in
+    all or when one fails."""
+
+    def __init__(self, stream, limit: int, what: str):
+        self.stream, self.limit, self.what = stream, limit, what
+        self.total = 0
+
+    def read(self, size: int) -> bytes:
+        try:
+            data = self.stream.read(size)
+        except OSError as error:
+            _refuse(self.what, f"cannot be read ({error.strerror or error})")
+        self.total += len(data)
+        if self.total > self.limit:
+            _refuse(self.what, _size_problem(self.total, self.limit))
+        return data
 
 
 def read_bytes(path: str, limit: int, what: str | None = None) -> bytes:
     """The whole content of a regular file of at most limit bytes (FileRefused otherwise)."""
     what = what or path
     with open_bounded(path, limit, what) as stream:
-        return _read_at_most(stream, limit, what)
+        return _BoundedReads(stream, limit, what).read(limit + 1)
 
 
 def decode_text(data: bytes, what: str) -> str:
@@ -239,14 +248,11 @@ def json_problem(raw: bytes) -> tuple[object, str | None]:
         raw = raw[len(BOM):]
     if too_deep(raw):
         return None, f"JSON nested deeper than {MAX_NESTING} levels"
-    if orjson is not None and _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
-        # orjson refuses all that json_problem refuses (NaN, Infinity, 1e999, lone surrogates,
-        # bytes that are not UTF-8) and is 5 to 10 times faster on metric records; what it
-        # refuses is parsed again below for the reason (safe_json.json_value: long digits)
-        try:
-            return orjson.loads(raw), None
-        except orjson.JSONDecodeError:
-            pass
+    # orjson refuses all that json_problem refuses (NaN, Infinity, 1e999, lone surrogates,
+    # bytes that are not UTF-8); what it refuses is parsed again below for the reason
+    found, value = fast_value(raw)
+    if found:
+        return value, None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -257,10 +263,9 @@ def json_problem(raw: bytes) -> tuple[object, str | None]:
         return None, f"JSON nested deeper than {MAX_NESTING} levels"
     except ValueError as error:
         return None, f"not JSON ({error})"
-    if SURROGATE_ESCAPE.search(raw):
-        where = lone_surrogate(value)
-        if where is not None:
-            return None, f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)"
+    where = surrogate_in(raw, value)
+    if where is not None:
+        return None, f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)"
     return value, None
 
 
@@ -276,34 +281,16 @@ def load_json(path: str, limit: int = MAX_OUTPUT_BYTES, what: str | None = None)
 def iter_lines(path: str, limit: int = MAX_OUTPUT_BYTES, what: str | None = None,
                max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, bytes]]:
     """(line number from 1, line without its newline) of each non-blank line of a regular file of
-    at most limit bytes; a line longer than max_line_bytes is refused without being held whole."""
+    at most limit bytes, read by schemas.lines.line_blocks (a leading byte order mark dropped);
+    a line longer than max_line_bytes refuses the file without being held whole."""
     what = what or path
-    total = 0
     with open_bounded(path, limit, what) as stream:
-        number, rest = 0, b""
-        while True:
-            try:
-                chunk = stream.read(1 << 20)
-            except OSError as error:
-                _refuse(what, f"cannot be read ({error.strerror or error})")
-            total += len(chunk)
-            if total > limit:
-                _refuse(what, _size_problem(total, limit))
-            if not chunk:
-                break
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            if len(rest) > max_line_bytes:
-                _refuse(what, f"line {number + len(lines) + 1:,} is longer than "
-                              f"{max_line_bytes:,} bytes")
-            for line in lines:
-                number += 1
-                if len(line) > max_line_bytes:
-                    _refuse(what, f"line {number:,} is longer than {max_line_bytes:,} bytes")
+        for block, first in line_blocks(_BoundedReads(stream, limit, what), max_line_bytes, 1 << 20):
+            if isinstance(block, SkippedLine):
+                _refuse(what, f"line {first:,} is longer than {max_line_bytes:,} bytes")
+            for number, line in numbered_lines(block, first):
                 if line.strip():
                     yield number, line
-        if rest.strip():
-            yield number + 1, rest
 
 
 def iter_json_lines(path: str, limit: int = MAX_OUTPUT_BYTES, what: str | None = None) -> Iterator[tuple[int, object]]:

@@ -1,7 +1,7 @@
 """Reading inputs and writing outputs through Beam's FileSystems (local, gs://, s3://, ...).
 
-Inputs are expanded and checked before the pipeline is built (expand_source, preflight), so a
-missing, empty or unusable input stops the run at once with a readable message. Outputs are
+Inputs are opened here (open_input: decompressed, truncation refused) and read by ReadFiles;
+they are expanded and checked before the pipeline is built (transforms/preflight.py). Outputs are
 written by the pipeline into a temporary folder inside the output folder and moved into place by
 the launcher only when the run has finished (finalize_outputs).
 """
@@ -21,6 +21,7 @@ import sys
 import time
 import typing
 import uuid
+import weakref
 import zlib
 from dataclasses import dataclass
 
@@ -28,20 +29,21 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.internal import pickler
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from evalbeam.schemas.formats import format_of, position_name
+from evalbeam.schemas.lines import too_long_reason
+from evalbeam.schemas.rejections import reject
+from evalbeam.schemas.safe_json import MAX_ROW_BYTES
+from evalbeam.transforms.input_files import InputError, load_json
 from evalbeam.transforms.line_spans import (LineSpan, auto_split_bytes, count_newlines, first_lines,
                                             plan_spans, span_of)
-from evalbeam.schemas.rejections import reject
-from evalbeam.schemas.safe_json import MAX_ROW_BYTES, lone_surrogate
-from evalbeam.transforms.input_files import InputError, load_json
 
 TAG_REJECTED = "rejected"
 TAG_STATS = "stats"
-TAG_VOCAB = "vocab"
 # the source name of the ground truth; every other source is a model
 GROUNDTRUTHS = "groundtruths"
-# A job over several datasets at once (a sweep's group of cells, pipelines/sweep_cells.py) names
+# A job over several datasets at once (a sweep's group of cells, pipelines/sweep/cells.py) names
 # each source "<dataset>" DATASET_SEP "<name>", name "groundtruths" or the model's; a source
 # name of a run alone has no separator (model names cannot hold it).
 DATASET_SEP = "\x1f"
@@ -216,139 +218,6 @@ class Source:
     files: tuple[str, ...]
 
 
-
-def expand_source(name: str, pattern: str, known_formats: bool = True) -> Source:
-    """Match a path or glob; every match must be a file (of a known format unless
-    known_formats is False: TREC files have no suffix) and not empty."""
-    try:
-        results = FileSystems.match([pattern])[0].metadata_list
-    except Exception as error:  # each filesystem raises its own error types
-        raise InputError(f"cannot list {pattern!r} for {name}: {error}") from None
-    if not results:
-        raise InputError(f"no file matches {pattern!r} (given for {name}). Check the path; "
-                         "globs such as 'preds/*.jsonl' are expanded by evalbeam, so quote them.")
-    files = sorted(m.path for m in results)
-    for meta in sorted(results, key=lambda m: m.path):
-        if lone_surrogate(meta.path):   # a name's undecodable bytes, as Python reads them
-            raise InputError(f"the name of {meta.path!r} (matched for {name}) is not UTF-8 text: "
-                             "evalbeam records every input file in run.json, a UTF-8 file, and "
-                             "names it in rejected.jsonl. Rename the file.")
-        if os.path.isdir(meta.path):
-            raise InputError(f"{meta.path} (given for {name}) is a folder: give its files as a "
-                             f"quoted glob, e.g. '{meta.path.rstrip('/')}/*.jsonl'.")
-        if known_formats and format_of(meta.path) is None:
-            raise InputError(f"{meta.path} (given for {name}) has an unknown format: use .jsonl "
-                             "(or .ndjson, .json, optionally .gz) or .parquet file names.")
-        check_regular_file(meta.path)
-        if meta.size_in_bytes == 0:
-            raise InputError(f"{meta.path} (given for {name}) is empty: there is nothing to "
-                             "evaluate in it.")
-    return Source(name, pattern, tuple(files))
-
-
-# The fields that tell one task's rows from another's: a file given to the wrong command is
-# named by the command it belongs to, instead of failing row by row.
-TASK_FIELDS = (
-    ("detection", ("annotations",)), ("detection", ("image_id", "category_id")),
-    ("detection", ("images",)), ("segmentation", ("segments",)),
-    ("segmentation", ("label_map_uri",)), ("retrieval", ("query_id", "doc_id")),
-    ("text", ("response",)), ("text", ("references",)), ("text", ("query",)),
-    ("classification", ("labels",)),
-)
-
-
-def task_of_fields(fields) -> str | None:
-    """The task whose rows have these fields (column names or JSON keys), or None."""
-    fields = set(fields)
-    for task, needed in TASK_FIELDS:
-        if all(f in fields for f in needed):
-            return task
-    return None
-
-
-def wrong_task_message(path: str, name: str, fields, task: str | None) -> str | None:
-    """'these look like detection rows' when the fields belong to another task than `task`."""
-    other = task_of_fields(fields)
-    if task is None or other is None or other == task:
-        return None
-    return (f"{path} (given for {name}) holds {other} rows (fields {sorted(fields)[:8]}), not "
-            f"{task} rows: evaluate it with 'evalbeam {other}'.")
-
-
-def head_lines(stream, n: int = 100, max_bytes: int = MAX_ROW_BYTES) -> list[bytes]:
-    """The first n non-blank lines of a stream (a line longer than max_bytes, or a last line cut
-    by that limit, is left out), read no further than needed."""
-    from evalbeam.schemas.safe_json import iter_lines
-
-    lines = []
-    for _, line in iter_lines(stream, max_bytes, chunk_size=1 << 20):
-        if line is not None and line.strip():
-            lines.append(line)
-            if len(lines) >= n:
-                break
-    return lines
-
-
-def preflight(source: Source, schema, required: tuple[str, ...], slice_keys: list[str],
-              task: str | None = None) -> None:
-    """Open every file and check that it holds rows of the expected shape.
-
-    A JSONL file passes when one of its first 100 non-blank lines is a JSON object with all the
-    `required` fields; a Parquet file when its columns can be read as the schema. Bad rows are not
-    errors here (they are rejected one by one later); a file with no usable row at its start is,
-    and so is a file whose rows belong to another task (named in the message)."""
-    from evalbeam.schemas.safe_json import loads_row
-
-    for path in source.files:
-        try:
-            if format_of(path) == "parquet":
-                import pyarrow.parquet as pq
-
-                with open_input(path) as stream:
-                    names = pq.ParquetFile(stream).schema_arrow.names
-                    other = wrong_task_message(path, source.name, names, task)
-                    if other:
-                        raise InputError(other)
-                    if schema is None:
-                        missing = [f for f in required if f not in names]
-                        if missing:
-                            raise TypeError(f"missing column(s) {missing}; the file has {names}")
-                    else:
-                        from evalbeam.schemas.classification_rows import parquet_tables
-
-                        next(parquet_tables(stream, schema, slice_keys, batch_rows=16), None)
-                continue
-            with open_input(path) as stream:
-                lines = head_lines(stream)
-        except InputError:
-            raise
-        except TypeError as error:
-            raise InputError(f"{path} (given for {source.name}) cannot be used: {error}.") from None
-        except Exception as error:
-            raise InputError(f"cannot read {path} (given for {source.name}): {error}") from None
-        if not lines:
-            raise InputError(f"{path} (given for {source.name}) holds no rows.")
-        shapes = []
-        for line in lines:
-            row, _ = loads_row(line)
-            if not isinstance(row, dict):
-                if row is not None:
-                    shapes.append(type(row).__name__)
-                continue
-            other = wrong_task_message(path, source.name, row, task)
-            if other:
-                raise InputError(other)
-            if all(field in row for field in required):
-                break
-            shapes.append(sorted(row))
-        else:
-            seen = f"; the first row has {shapes[0]}" if shapes else "; no line is valid JSON"
-            raise InputError(
-                f"{path} (given for {source.name}) does not look like evalbeam rows: none of its "
-                f"first {len(lines)} lines is a JSON object with the fields {list(required)}{seen}. "
-                "See the input formats in the README.")
-
-
 class Progress:
     """Throttled progress lines on stderr (at most one a second per process, per kind)."""
 
@@ -382,11 +251,47 @@ class ProgressDoFn(beam.DoFn):
         self.progress = Progress(self.quiet, self.started)
 
 
+class ParsedRows(typing.NamedTuple):
+    """One source's parsed rows on their way into shard pieces: name (the source), rows (dicts),
+    positions (each row's line or row number; None for rows of a PCollection), rejected
+    ((position, uid, reason) of rows that did not parse), path (the file, or the source's name
+    for a PCollection), file_id, where ("line" or "row": what a position counts)."""
+
+    name: str
+    rows: list
+    positions: list
+    rejected: list
+    path: str
+    file_id: int
+    where: str
+
+    @classmethod
+    def of_batch(cls, source: str, batch: list) -> "ParsedRows":
+        """A batch of a user's PCollection: no positions, the source named as its file."""
+        return cls(source, batch, [None] * len(batch), [], source, 0, "row")
+
+    def positions_or_minus_one(self) -> list[int]:
+        """positions with None as -1, as the row formats' arrays keep them."""
+        return [-1 if p is None else p for p in self.positions]
+
+    def outcome(self, bad: list):
+        """The tagged rejections and counters of these rows, bad being the (position, uid,
+        reason) of rows the task's row format refused (-1: no position)."""
+        for position, uid, reason in self.rejected + bad:
+            position = None if position is None or position < 0 else position
+            yield beam.pvalue.TaggedOutput(
+                TAG_REJECTED, reject(self.name, self.path, position, reason, uid, self.where))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", self.name),
+                                                   len(self.rows) + len(self.rejected)))
+        yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", self.name),
+                                                   len(self.rejected) + len(bad)))
+
+
 class ReadRowFile(ProgressDoFn):
     """(source name, file id) -> the shard pieces of one file of JSON rows (JSONL or Parquet,
     parsed by parse_rows), with rejections and counters tagged. A task's reader subclasses it and
-    defines pieces(name, rows, positions, rejected, path, file_id, where), the same function of
-    parsed rows that its <Task>RowsFromDicts uses for rows of a PCollection."""
+    defines pieces(parsed: ParsedRows), the same function of parsed rows that its
+    <Task>RowsFromDicts uses for rows of a PCollection."""
 
     def __init__(self, sources: dict, slice_keys: list[str], num_shards: int, quiet: bool,
                  started: float):
@@ -395,7 +300,7 @@ class ReadRowFile(ProgressDoFn):
         self.slice_keys = slice_keys
         self.num_shards = num_shards
 
-    def pieces(self, name, rows, positions, rejected, path, file_id, where):
+    def pieces(self, parsed: ParsedRows):
         raise NotImplementedError
 
     def splits(self, path: str) -> bool:
@@ -406,7 +311,8 @@ class ReadRowFile(ProgressDoFn):
         name, file_id, start, end, first_line = span_of(element)
         path = self.sources[name].files[file_id]
         rows, positions, rejected = parse_rows(path, span=(start, end, first_line))
-        yield from self.pieces(name, rows, positions, rejected, path, file_id, position_name(path))
+        yield from self.pieces(ParsedRows(name, rows, positions, rejected, path, file_id,
+                                          position_name(path)))
         self.progress.say(path, f"read {len(rows) + len(rejected):,} rows of {path}"
                                 f"{span_text(start, end)}", force=True)
 
@@ -452,10 +358,11 @@ class ReadFiles(beam.PTransform):
         self.tags = tags
 
     def expand(self, pbegin):
-        shared = getattr(pbegin.pipeline, SHARED_READS, None)
-        if shared is None:
+        settings = pbegin.pipeline.options.view_as(ReadOptions)
+        if not settings.evalbeam_share_reads:
             return self._read(pbegin, self.sources, self.reader, "")
-        uses = getattr(pbegin.pipeline, READ_USES, None) or {}
+        shared = _SHARED_READS.setdefault(pbegin.pipeline, {})
+        uses = settings.read_uses()
         parts, own = [], []
         for name, source in sorted(self.sources.items()):
             # uses name sources as runs alone name them (a multi-dataset read qualifies them)
@@ -490,7 +397,7 @@ class ReadFiles(beam.PTransform):
         return reader
 
     def _read(self, pbegin, sources: dict, reader: beam.DoFn, suffix: str):
-        split = getattr(pbegin.pipeline, INPUT_SPLIT, None)
+        split = pbegin.pipeline.options.view_as(ReadOptions).evalbeam_input_split_bytes
         splits = getattr(reader, "splits", lambda _: False)
         cuttable = getattr(reader, "cuttable", lambda name, path: False)
         if split is None:
@@ -588,8 +495,9 @@ def _reader_digest(reader: beam.DoFn) -> str:
 
 
 class ReadDatasets(beam.PTransform):
-    """A multi-dataset job's reading (FilesJob.layout). read(sources, shard count, layout) ->
-    (pieces, rejects, stats) is the task's reading PTransform.
+    """A multi-dataset job's reading (FilesJob.layout): (pieces, rejects, stats). reader(sources,
+    shard count, layout) -> the task's file reader (a DoFn for ReadFiles) of those sources;
+    tags: its tagged outputs (TAG_REJECTED and TAG_STATS among them).
 
     Datasets none of whose sources another graph of the pipeline reads (share_reads' uses) are
     read together in one step, under their qualified names, each source's rows split into its
@@ -599,12 +507,16 @@ class ReadDatasets(beam.PTransform):
 
     layout: {dataset: (first shard, shard count)}; sources: {qualified name: Source}."""
 
-    def __init__(self, layout: dict, read, sources: dict):
+    def __init__(self, layout: dict, reader, sources: dict, tags: tuple = (TAG_REJECTED, TAG_STATS)):
         super().__init__()
-        self.layout, self.read, self.sources = layout, read, sources
+        self.layout, self.reader, self.sources, self.tags = layout, reader, sources, tags
+
+    def _read(self, pbegin, label: str, sources: dict, shards: int, layout) -> tuple:
+        read = pbegin | label >> ReadFiles(sources, self.reader(sources, shards, layout), self.tags)
+        return read.pieces, read[TAG_REJECTED], read[TAG_STATS]
 
     def expand(self, pbegin):
-        uses = getattr(pbegin.pipeline, READ_USES, None) or {}
+        uses = pbegin.pipeline.options.view_as(ReadOptions).read_uses()
 
         def shared(dataset):
             return any(uses.get((role_of(n), tuple(s.files)), 1) > 1
@@ -615,14 +527,14 @@ class ReadDatasets(beam.PTransform):
         outputs = ([], [], [])
         if together:
             total = sum(count for _, count in self.layout.values())
-            read = pbegin | "Read" >> self.read(together, total, self.layout)
+            read = self._read(pbegin, "Read", together, total, self.layout)
             for i, pcoll in enumerate(read):
                 outputs[i].append(pcoll)
         for dataset in apart:
             first, count = self.layout[dataset]
             mine = {role_of(name): source for name, source in self.sources.items()
                     if dataset_of(name) == dataset}
-            pieces, rejects, stats = pbegin | f"Read[{dataset}]" >> self.read(mine, count, None)
+            pieces, rejects, stats = self._read(pbegin, f"Read[{dataset}]", mine, count, None)
             outputs[0].append(pieces | f"Pieces[{dataset}]" >> beam.Map(_piece_in, dataset, first))
             outputs[1].append(rejects | f"Rejects[{dataset}]" >> beam.Map(_reject_in, dataset))
             outputs[2].append(stats | f"Stats[{dataset}]" >> beam.Map(_counter_in, dataset))
@@ -653,9 +565,32 @@ def _counter_in(pair, dataset: str):
     return (counter, qualified(dataset, name)), n
 
 
-SHARED_READS = "_evalbeam_shared_reads"
-INPUT_SPLIT = "_evalbeam_input_split"
-READ_USES = "_evalbeam_read_uses"
+class ReadOptions(PipelineOptions):
+    """How ReadFiles reads, set by the launcher and the sweep on the pipeline's options (they
+    travel with the pipeline to any runner, where attributes set on the Pipeline object would
+    not): evalbeam_input_split_bytes, the size above which a line-based file is read in byte
+    spans (split_inputs); evalbeam_share_reads, read each source once for every job of the
+    pipeline (share_reads); evalbeam_read_uses, JSON [[source name, [files], jobs reading
+    it], ...]."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--evalbeam_input_split_bytes", type=int, default=None,
+                            help="set by --input_split_bytes (transforms.io.split_inputs)")
+        parser.add_argument("--evalbeam_share_reads", action="store_true", default=False,
+                            help="set by evalbeam sweep (transforms.io.share_reads)")
+        parser.add_argument("--evalbeam_read_uses", default=None,
+                            help="set by evalbeam sweep (transforms.io.share_reads)")
+
+    def read_uses(self) -> dict:
+        """{(source name, tuple of its files): how many jobs read it}."""
+        items = json.loads(self.evalbeam_read_uses or "[]")
+        return {(name, tuple(files)): n for name, files, n in items}
+
+
+# The reads made so far in each pipeline under share_reads, by (source name, files, reader
+# digest): PCollections, which exist only while the graph is built, in the launching process.
+_SHARED_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def share_reads(pipeline, uses: dict | None = None) -> None:
@@ -663,15 +598,18 @@ def share_reads(pipeline, uses: dict | None = None) -> None:
     {(source name, tuple of its files): how many jobs read it}; a source read by one job is
     read together with that job's other such sources (without it every source is read on its
     own, to be shared)."""
-    setattr(pipeline, SHARED_READS, {})
-    setattr(pipeline, READ_USES, dict(uses or {}))
+    settings = pipeline.options.view_as(ReadOptions)
+    settings.evalbeam_share_reads = True
+    settings.evalbeam_read_uses = json.dumps(
+        [[name, list(files), n] for (name, files), n in sorted((uses or {}).items())])
 
 
 def split_inputs(pipeline, split_bytes: int | None) -> None:
     """Set the size above which ReadFiles reads a line-based file (JSONL, TREC, uncompressed)
     in byte spans, each its own element (transforms/line_spans.py); 0: every file whole; None
     (the default): line_spans.auto_split_bytes of each read's splittable bytes."""
-    setattr(pipeline, INPUT_SPLIT, None if split_bytes is None else int(split_bytes))
+    pipeline.options.view_as(ReadOptions).evalbeam_input_split_bytes = (
+        None if split_bytes is None else int(split_bytes))
 
 
 class SharedRead:
@@ -712,7 +650,7 @@ def parse_rows(path: str, max_row_bytes: int = MAX_ROW_BYTES, span: tuple = (0, 
             return _parquet_rows(pq.read_table(stream))
         for number, raw in iter_lines(stream, max_row_bytes, first_line=first_line):
             if raw is None:
-                rejected.append((number, None, f"line longer than {max_row_bytes:,} bytes"))
+                rejected.append((number, None, too_long_reason(max_row_bytes)))
                 continue
             if not raw.strip():
                 continue

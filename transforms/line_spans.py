@@ -44,11 +44,10 @@ def auto_split_bytes(total: int) -> int:
     SPANS_WANTED spans, but spans of MIN_SPLIT_BYTES to SPLIT_BYTES.
 
     Why not always SPLIT_BYTES: a runner hands a step's elements to its workers in equal
-    numbers, not equal bytes, and the grouping after the reading waits for the last span. 270 MB
-    of detection rows made 5 spans of up to 64 MiB for 2 workers, and a run took 19.6 s or
-    24.1 s depending on which worker got the third big one; in 32 spans, 19.6 s every time. The
-    upper bound keeps the pieces of a cluster-sized input (one per span and shard) few: 73 GB
-    is 1,100 spans of 64 MiB."""
+    numbers, not equal bytes, and the grouping after the reading waits for the last span, so a
+    few large spans leave a run's time to which worker gets the odd one out; many small spans
+    even the work out. The upper bound keeps the pieces of a cluster-sized input (one per span
+    and shard) few: 73 GB is 1,100 spans of 64 MiB."""
     wanted = -(-total // SPANS_WANTED)
     return max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, wanted))
 

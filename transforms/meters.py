@@ -1,5 +1,5 @@
 """What crosses a run's shuffles, measured inside the pipeline on every runner: run.json's
-"shuffles" (pipelines/outputs.md) and the sizing formulas of deploy/README.md come from here.
+"shuffles" (pipelines/launch/outputs.md) and the sizing formulas of deploy/README.md come from here.
 
 Every task has the same two shuffles. GroupByShard gathers the pieces the readers cut from the
 input files by shard (their size grows with the rows); MergeStates gathers the partial states

@@ -123,7 +123,9 @@ def _objects_matching(pattern: str) -> list[str]:
     return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
 
 
-def _exists(path: str) -> bool:
+def path_exists(path: str) -> bool:
+    """Whether anything stands at path: on a local disk any entry, a dangling link included
+    (os.path.lexists); elsewhere the object (FileSystems.exists)."""
     if is_local(path):
         return os.path.lexists(path)
     return FileSystems.exists(path)
@@ -203,7 +205,7 @@ class OutputFolder:
             raise InputError(f"--output {self.folder} is a file, not a folder: name a folder "
                              "(it is created if needed).")
         try:
-            present = [n for n in OUTPUT_NAMES if _exists(self.final(n))]
+            present = [n for n in OUTPUT_NAMES if path_exists(self.final(n))]
         except Exception as error:
             raise InputError(f"cannot read the output folder {self.folder!r}: {error}") from None
         taken = [(n, what) for n in present if (what := _not_a_file(self.final(n)))]
@@ -254,7 +256,7 @@ class OutputFolder:
             listed = {n: s for n, s in self.previous.items() if n != "run.json" and s is not None}
             self._write_run_json(dict(run_info, status=RUNNING, files=listed))
             stale = [self.final(n) for n in self.previous if n != "run.json"]
-            stale += self._temp_folders()
+            stale += self.temp_folders()
             if stale:
                 FileSystems.delete(stale)
             self._write_run_json(dict(run_info, status=RUNNING, files={}))
@@ -263,7 +265,7 @@ class OutputFolder:
             message = str(error) if isinstance(error, InputError) else \
                 f"cannot write to the output folder {self.folder!r}: {error}"
             if listed is not None:
-                left = {n: size for n, size in listed.items() if _exists(self.final(n))}
+                left = {n: size for n, size in listed.items() if path_exists(self.final(n))}
                 try:
                     self._write_run_json(dict(run_info, status=FAILED, files=left, error=message))
                 except Exception:   # the folder refuses even that: "running" stays, not "complete"
@@ -278,7 +280,7 @@ class OutputFolder:
                           self.temp(TEMP_MARKER))
         return self.tmp
 
-    def _temp_folders(self) -> list[str]:
+    def temp_folders(self) -> list[str]:
         """The temporary folders of earlier (killed) runs that are provably evalbeam's: marked
         (TEMP_MARKER), or named by its own run.json. Anything else named like one is left."""
         mine = os.path.basename(self.tmp)
@@ -326,12 +328,12 @@ class OutputFolder:
         try:
             mine = _read_own_run_json(self.final("run.json")) or {"files": {}}
             published = [self.final(n) for n in mine["files"]
-                         if n not in ("run.json", "rejected.jsonl") and _exists(self.final(n))]
+                         if n not in ("run.json", "rejected.jsonl") and path_exists(self.final(n))]
             if published:
                 FileSystems.delete(published)
             if FileSystems.exists(self.temp("rejected.jsonl")):
                 FileSystems.rename([self.temp("rejected.jsonl")], [self.final("rejected.jsonl")])
-            if "rejected.jsonl" in mine["files"] or _exists(self.final("rejected.jsonl")):
+            if "rejected.jsonl" in mine["files"] or path_exists(self.final("rejected.jsonl")):
                 files["rejected.jsonl"] = _size(self.final("rejected.jsonl"))
             self._write_run_json(dict(run_info, status=FAILED, files=files))
         finally:
@@ -456,7 +458,7 @@ def reject_sort_key(record: dict):
 
 def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFolder,
                  run_info: dict, started: float, allowed_rejected_fraction: float,
-                 n_scores: int | None = None, problems: list | None = None,
+                 extra_rows: dict | None = None, problems: list | None = None,
                  finish=None) -> dict:
     """The last step of a pipeline: check the counts, judge the run, publish the outputs, return
     run.json.
@@ -465,7 +467,9 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
     waiting client (a Dataflow flex template) still publishes complete outputs. `problems` are
     the task's own findings (problem() dicts); the checks every task shares are added here.
     finish(info, folder) -> info: writes the files of `folder.after` from the finished outputs
-    (still in folder.temp) and returns run.json's content with what they add to it."""
+    (still in folder.temp) and returns run.json's content with what they add to it.
+    extra_rows: {file name: rows written} of the task's extra outputs (scores.jsonl,
+    per_query.jsonl), recorded as run.json's "<stem>_written"."""
     counts = source_counts(stats, run_info["sources"])
     for name, c in counts.items():
         if c["rows_read"] != c["rows_evaluated"] + c["rows_rejected"]:
@@ -491,8 +495,8 @@ def finalize_run(stats: list, n_metrics: int, n_rejected: int, folder: OutputFol
     datums = datums_report(stats)
     if datums is not None:
         info["datums"] = datums
-    if n_scores is not None:   # the rows of the task's extra output (scores.jsonl, per_query.jsonl)
-        info[f"{folder.extra[0].split('.')[0]}_written"] = n_scores
+    for name, n_rows in sorted((extra_rows or {}).items()):
+        info[f"{name.split('.')[0]}_written"] = n_rows
     if finish is not None:
         info = finish(info, folder)
     folder.publish(info)

@@ -19,7 +19,7 @@ read is counted once.
 Intervals (--bootstrap R): each shard also weighs its queries' values by their Poisson bootstrap
 weights (kernels.bootstrap, keyed by FNV-1a of the query id) and keeps the R weighted sums exactly
 beside the point sums (kernels.retrieval.weighted_totals); the records carry the replicate means,
-and transforms.uncertainty turns them into intervals (pipelines/retrieval.md, Intervals).
+and transforms.uncertainty turns them into intervals (pipelines/tasks/retrieval.md, Intervals).
 
 The same job on a user's PCollections of row dicts (EvaluateRetrieval): RetrievalRowsFromDicts
 checks the rows as JSONL rows are checked and cuts them into the same pieces, which then go
@@ -29,7 +29,6 @@ through the same MatchRetrieval, MergeStates and records_of.
 from __future__ import annotations
 
 import json
-import typing
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -43,27 +42,22 @@ from evalbeam.schemas.retrieval_rows import (QrelsColumns, RunColumns, dict_row_
                                              duplicate_rows_reason, format_of, parse_qrels,
                                              parse_run, slice_values, without_rows)
 from evalbeam.schemas.slices import canonical_json
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
+from evalbeam.transforms.graph import (TAG_PRESENCE, EvaluateFiles, EvaluateRows, MatchContext,
+                                       TaskGraph)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn,
                                     created_whole, join, line_splittable, merge_sorted_parts,
-                                    open_input, open_span, read_pcollections, span_of, span_text)
+                                    open_input, open_span, span_of, span_text)
 from evalbeam.transforms.kernels.retrieval import (RetrievalConfig, RetrievalState, encode_ids,
                                                    evaluate, state_records)
-from evalbeam.transforms.merge import merged_records
 
 TAG_PER_QUERY = "per_query"
 TAG_COVERAGE = "coverage"
-TAG_PRESENCE = "presence"
-# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+# what one bootstrap weight is drawn for, as the intervals name it (its Task's interval_unit)
 INTERVAL_UNIT = "query"
 EXAMPLES = 3   # query ids quoted in a coverage problem
-PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 # every record type, in the order of metrics.jsonl
 RECORD_ORDER = ("Queries", "Precision", "Recall", "F1", "Hit", "MRR", "MAP", "RPrecision", "DCG", "NDCG")
-# every record type this task can write (gates check names against it)
-METRIC_TYPES = RECORD_ORDER
 
 
 @dataclass
@@ -320,31 +314,30 @@ class MatchRetrieval(ProgressDoFn):
     shard's duplicates, its rows kept), (model, QueryCoverage) (TAG_COVERAGE), and per-query rows
     to per_query_dir/part-<shard>.jsonl (TAG_PER_QUERY: (path, rows)) when per_query_dir is set.
 
-    files: {source: its file paths} (rejects name them); {} for rows of a user's PCollections.
-    query_slices: {slice spec: {query id: canonical JSON values}}, read from the qrels files
-    before the run (read_slices), or None: then, with slice_specs, each query takes the values
+    context (transforms.graph.MatchContext): files, {source: its file paths} (rejects name
+    them; {} for rows of a user's PCollections); read, (query slices, queries left out)
+    (read_slices), or None. Query slices: {slice spec: {query id: canonical JSON values}}, read
+    from the qrels files before the run, or None: then, with slice_specs, each query takes the values
     of its qrels rows in the shard (RetrievalRowsFromDicts' pieces carry them per row): rows of a
     PCollection have no order, so of a query's rows with a metadata object the one whose values
     (canonical JSON, over the sorted slice keys) sort first gives them.
 
-    bootstrap (kernels.bootstrap.Bootstrap; None or 0 replicates: off): the states also carry
+    context.bootstrap (kernels.bootstrap.Bootstrap, or None): the states also carry
     the replicates' weighted sums, each query weighed by Bootstrap.weights of the FNV-1a hash of
-    its query id. presence (with or without bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
+    its query id. context.presence (with or without bootstrap): tagged TAG_PRESENCE, per slice, (slice JSON,
     ("groundtruths", uint64 hashes of the qrels' queries)) and (slice JSON, (model, hashes of
     those queries that the model's run answers))."""
 
-    def __init__(self, files: dict, models, config: RetrievalConfig, query_slices: dict | None,
-                 slice_specs, per_query_dir: str | None, quiet: bool, started: float,
-                 bootstrap=None, presence: bool = False):
-        super().__init__(quiet, started)
-        self.files = files
-        self.models = models
+    def __init__(self, config: RetrievalConfig, context: MatchContext):
+        super().__init__(context.quiet, context.started)
+        self.files = context.files
+        self.models = list(context.models)
         self.config = config
-        self.query_slices = query_slices
-        self.slice_specs = [tuple(spec) for spec in slice_specs]
-        self.per_query_dir = per_query_dir
-        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.presence = bool(presence)
+        self.query_slices = context.read[0] if context.read is not None else None
+        self.slice_specs = [tuple(spec) for spec in context.slices]
+        self.per_query_dir = per_query_dir(config, context)
+        self.bootstrap = context.bootstrap
+        self.presence = context.presence
 
     def process(self, element):
         shard, pieces = element
@@ -500,106 +493,73 @@ def per_spec(per_query: dict, slices) -> dict:
             for spec in slices}
 
 
-def _evaluate(read, files: dict, models: list, config: RetrievalConfig, query_slices: dict | None,
-              slice_specs, per_query_dir: str | None, quiet: bool, started: float,
-              bootstrap=None, presence: bool = False, spill_dir: str | None = None):
-    """The pieces of `read` (main output "pieces", tagged rejects and stats) matched per shard,
-    merged and turned into records: (metrics, rejects, stats, matched), matched holding the
-    coverage (TAG_COVERAGE), per-query parts (TAG_PER_QUERY) and, with presence, the queries of
-    each side (TAG_PRESENCE) of MatchRetrieval. The pieces go through grouping.group_by_shard,
-    spilled to spill_dir when given (hundreds of MB of ids need not cross the runner)."""
-    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
-    matched = (shards
-               | "Match" >> beam.ParDo(MatchRetrieval(
-                   files, models, config, query_slices, slice_specs, per_query_dir, quiet, started,
-                   bootstrap, presence))
-               .with_output_types(PARTIAL)
-               .with_outputs(TAG_PER_QUERY, TAG_REJECTED, TAG_STATS, TAG_COVERAGE, TAG_PRESENCE,
-                             main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, config, spill_dir=spill_dir)
-    rejects = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "AllRejects" >> beam.Flatten()
-    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
-             | "AllStats" >> beam.Flatten())
-    return metrics, rejects, stats, matched
+class RetrievalGraph(TaskGraph):
+    """Retrieval in the one graph (transforms/graph.py). Before the graph is built, the --slice
+    values of each query are read from the qrels (read_slices; context.read holds them and the
+    queries left out). The matcher's own outputs: the coverage of the queries the runs share
+    with the qrels (TAG_COVERAGE), the run's problems (coverage_problems), and with
+    config.per_query the per-query part files (TAG_PER_QUERY) merged into per_query.jsonl. With
+    a bootstrap, the measure records carry their replicates (the Hit records their proportions).
+    Users' pipelines get neither the coverage findings nor per_query.jsonl; their rows have no
+    order, so when a query's qrels rows disagree on their metadata, the values that sort first
+    (as canonical JSON) name its slices, where the command takes its first row's."""
+
+    name = "retrieval"
+    match_tags = (TAG_PER_QUERY, TAG_COVERAGE)
+    interval_unit = INTERVAL_UNIT
+    record_order = RECORD_ORDER
+    state_records = staticmethod(state_records)
+
+    def prepare(self, config, context, sources):
+        if sources is not None:
+            context = context._replace(read=read_slices(sources, list(context.slices)))
+        return config, context
+
+    def file_reader(self, config, context, sources):
+        return ReadRetrievalFile(sources, context.num_shards, context.quiet, context.started,
+                                 excluded=context.read[1])
+
+    def rows_reader(self, config, context):
+        return RetrievalRowsFromDicts(context.slice_keys, context.num_shards)
+
+    def matcher(self, config, context):
+        return MatchRetrieval(config, context)
+
+    def problems(self, stages, config, context):
+        return (stages.matched[TAG_COVERAGE]
+                | "GatherCoverage" >> beam.combiners.ToList()
+                | "CoverageProblems" >> beam.FlatMap(coverage_problems, config.complete))
+
+    def extra_outputs(self, stages, config, context):
+        if per_query_dir(config, context) is None:
+            return {}
+        return {"per_query.jsonl": (
+            stages.matched[TAG_PER_QUERY]
+            | "GatherParts" >> beam.combiners.ToList()
+            | "MergePerQuery" >> beam.Map(merge_sorted_parts, context.temp("per_query.jsonl"),
+                                          "query_id"))}
+
+    record_sort_key = staticmethod(record_sort_key)
 
 
-class EvaluateRetrievalFiles(beam.PTransform):
-    """Qrels and run files (job.sources) -> Evaluated (transforms.evaluated). Its problems are
-    the findings on the queries the runs share with the qrels (coverage_problems); with
-    config.per_query, per_query.jsonl is written to job.temp("per_query.jsonl"). The --slice
-    values of each query are read from the qrels first (read_slices), while the graph is built.
-    With job.bootstrap, the measure records carry their replicates (and the Hit records their
-    proportions); with job.compare_to too, Evaluated.presence holds the queries of each side
-    (with job.presence, it does anyway)."""
+def per_query_dir(config: RetrievalConfig, context) -> str | None:
+    """Where the matcher writes its per-query part files: with config.per_query, on the command
+    line (context.temp); None otherwise."""
+    return context.temp("per-query-parts") if config.per_query and context.temp else None
 
-    def __init__(self, config: RetrievalConfig, job):
-        super().__init__()
-        self.query_slices, self.excluded = read_slices(job.sources, list(job.slices))
-        self.slices = list(job.slices)
-        self.spill_dir = job.temp("pieces")
-        self.sources = job.sources
-        self.models = list(job.models)
-        self.config = config
-        self.num_shards = job.num_shards
-        self.per_query_dir = job.temp("per-query-parts") if config.per_query else None
-        self.per_query_path = job.temp("per_query.jsonl")
-        self.quiet = job.quiet
-        self.started = job.started
-        self.bootstrap = job.bootstrap
-        self.presence = (bool(getattr(job, "presence", False))
-                         or (job.bootstrap is not None and job.bootstrap.enabled
-                             and job.compare_to is not None))
 
-    def expand(self, pbegin):
-        read = pbegin | "ReadFiles" >> ReadFiles(
-            self.sources, ReadRetrievalFile(self.sources, self.num_shards, self.quiet, self.started,
-                                            excluded=self.excluded),
-            (TAG_REJECTED, TAG_STATS))
-        metrics, rejects, stats, matched = _evaluate(
-            read, {name: source.files for name, source in self.sources.items()}, self.models,
-            self.config, self.query_slices, self.slices, self.per_query_dir, self.quiet, self.started,
-            self.bootstrap, self.presence, self.spill_dir)
-        problems = (matched[TAG_COVERAGE]
-                    | "GatherCoverage" >> beam.combiners.ToList()
-                    | "CoverageProblems" >> beam.FlatMap(coverage_problems, self.config.complete))
-        extra = {}
-        if self.per_query_dir is not None:
-            extra["per_query.jsonl"] = (
-                matched[TAG_PER_QUERY]
-                | "GatherParts" >> beam.combiners.ToList()
-                | "MergePerQuery" >> beam.Map(merge_sorted_parts, self.per_query_path, "query_id"))
-        return Evaluated(metrics, rejects, stats, problems, extra,
-                         presence=matched[TAG_PRESENCE] if self.presence else None)
+class EvaluateRetrievalFiles(EvaluateFiles):
+    """Qrels and run files (job.sources) -> Evaluated (transforms/graph.py, RetrievalGraph)."""
+
+    graph = RetrievalGraph()
 
 
 class EvaluateRetrieval(EvaluateRows):
-    """Retrieval metrics for a user's own pipeline.
+    """Retrieval metrics for a user's own pipeline (transforms.graph.EvaluateRows). Rows as the
+    JSONL format's: {"groundtruths": qrels rows {"query_id", "doc_id", "relevance",
+    "metadata"?}, "<model name>": run rows {"query_id", "doc_id", "score"}}. Not computed here:
+    the coverage findings and per_query.jsonl (config.per_query is ignored); see RetrievalGraph
+    for the slices of a query whose rows disagree."""
 
-    Input: a dict of PCollections of row dicts, {"groundtruths": qrels rows {"query_id",
-    "doc_id", "relevance", "metadata"?}, "<model name>": run rows {"query_id", "doc_id",
-    "score"}, ...}, the rows of the JSONL format. Output: a PCollection of metric records, the
-    same as the command's metrics.jsonl for the same rows; with with_diagnostics=True, (records,
-    rejects, stats). slices: tuples of metadata keys, as --slice. Not computed here: the
-    coverage findings and per_query.jsonl (config.per_query is ignored). Rows have no order, so
-    when a query's qrels rows disagree on their metadata, the values that sort first (as
-    canonical JSON) name its slices, where the command takes its first row's. bootstrap
-    (kernels.bootstrap.Bootstrap) and compare_to: intervals on the measure records and
-    Comparison records, as --bootstrap and --compare_to (pipelines/retrieval.md, Intervals)."""
-
-    def __init__(self, config: RetrievalConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 1000, with_diagnostics: bool = False, bootstrap=None,
-                 compare_to: str | None = None):
-        super().__init__(config or RetrievalConfig(), slices, num_shards, batch_size, with_diagnostics,
-                         bootstrap, compare_to)
-
-    def expand(self, pcolls):
-        slice_keys = self.slice_keys
-        reader = RetrievalRowsFromDicts(slice_keys, self.num_shards)
-        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
-                                         "EvaluateRetrieval")
-        presence = self.bootstrap.enabled and self.compare_to is not None
-        metrics, rejects, stats, matched = _evaluate(read, {}, models, self.config, None, self.slices,
-                                                     None, True, 0.0, self.bootstrap, presence)
-        metrics = self.uncertain(metrics, matched[TAG_PRESENCE] if presence else None, None,
-                                 unit=INTERVAL_UNIT)
-        return (metrics, rejects, self.row_counters(stats)) if self.with_diagnostics else metrics
+    graph = RetrievalGraph()
+    default_config = RetrievalConfig

@@ -10,28 +10,25 @@ turns them into records; the labels are a side input (sorted names), so every sh
 Intervals (--bootstrap R): each datum's matrix is also reduced to its datum_statistics, and a
 shard adds them per (model, slice) weighted by the datums' Poisson bootstrap weights (one integer
 matrix product per batch of datums); the records carry the replicate values and
-transforms.uncertainty turns them into intervals (pipelines/segmentation.md, Intervals).
+transforms.uncertainty turns them into intervals (pipelines/tasks/segmentation.md, Intervals).
 """
 
 from __future__ import annotations
 
 import json
-import typing
 
 import apache_beam as beam
 import numpy as np
 
 from evalbeam.schemas.hashing import fnv1a_64, uid_shards
-from evalbeam.schemas.limits import MAX_LABELS, ImageLimits
+from evalbeam.schemas.limits import ImageLimits
 from evalbeam.schemas.mask_files import MaskFileError
-from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
 from evalbeam.schemas.slices import canonical_json
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadError,
-                                    ReadFiles, ReadRowFile, RowsFromDicts, read_pcollections,
-                                    reject_row, unique_by_source)
+from evalbeam.transforms.graph import (TAG_PRESENCE, EvaluateFiles, EvaluateRows, MatchContext,
+                                       Merged, TaskGraph)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_STATS, ParsedRows, ProgressDoFn, ReadError,
+                                    ReadRowFile, RowsFromDicts, reject_row, unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
                                                       UnknownIds, code_table, datum_statistics,
                                                       label_ids, lookup_table, pixel_confusion,
@@ -40,11 +37,9 @@ from evalbeam.transforms.mask_files import read_array
 from evalbeam.transforms.merge import combine_states, metered_states, records_of
 
 TAG_LABELS = "labels"
-TAG_PRESENCE = "presence"
 REPLICATE_BATCH = 256   # datums weighed at a time per (model, slice) (MatchSegmentation)
-# what one bootstrap weight is drawn for, as the intervals name it (SPEC.interval_unit too)
+# what one bootstrap weight is drawn for, as the intervals name it (its Task's interval_unit)
 INTERVAL_UNIT = "image"
-PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
 class RowProblem(Exception):
@@ -60,28 +55,22 @@ class ReadSegmentationFile(ReadRowFile):
         super().__init__(sources, slice_keys, num_shards, quiet, started)
         self.limits = limits
 
-    def pieces(self, name, rows, positions, rejected, path, file_id, where):
-        return row_pieces(name, rows, positions, rejected, path, file_id,
-                          self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                          where, self.limits.max_pixels)
+    def pieces(self, parsed: ParsedRows):
+        return row_pieces(parsed, self.slice_keys if parsed.name == GROUNDTRUTHS else [],
+                          self.num_shards, self.limits.max_pixels)
 
 
-def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
-               max_pixels: int):
+def row_pieces(parsed: ParsedRows, slice_keys, num_shards: int, max_pixels: int):
     """Check parsed rows of one source and yield their shard pieces (main output) with rejects,
-    stats and labels (tagged). path names the file in rejects (the source name for rows that come
-    from a PCollection, whose positions are None)."""
-    good, bad = segment_rows(rows, [-1 if p is None else p for p in positions], path, file_id,
-                             slice_keys, max_pixels)
-    for position, uid, reason in rejected + bad:
-        position = None if position is None or position < 0 else position
-        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+    stats and labels (tagged). parsed.path names the file in rejects (and resolves relative mask
+    URIs)."""
+    good, bad = segment_rows(parsed.rows, parsed.positions_or_minus_one(), parsed.path,
+                             parsed.file_id, slice_keys, max_pixels)
+    yield from parsed.outcome(bad)
     yield beam.pvalue.TaggedOutput(TAG_LABELS, {label for row in good for label in row.labels})
     shards = uid_shards([row.uid for row in good], num_shards)
     for shard in sorted(set(shards.tolist())):
-        yield int(shard), (name, [row for row, s in zip(good, shards.tolist()) if s == shard])
+        yield int(shard), (parsed.name, [row for row, s in zip(good, shards.tolist()) if s == shard])
 
 
 class SegmentationRowsFromDicts(RowsFromDicts):
@@ -93,8 +82,8 @@ class SegmentationRowsFromDicts(RowsFromDicts):
 
     def process(self, element):
         source, batch = element
-        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0, self.keys_of(source),
-                              self.num_shards, "row", self.limits.max_pixels)
+        yield from row_pieces(ParsedRows.of_batch(source, batch), self.keys_of(source),
+                              self.num_shards, self.limits.max_pixels)
 
 
 class LabelSet(beam.CombineFn):
@@ -187,21 +176,20 @@ class MatchSegmentation(ProgressDoFn):
     rejects and stats. Each datum's ground truth is decoded once and compared with each model's
     prediction; a datum without a usable prediction counts as predicted "no label" everywhere.
 
-    bootstrap (kernels.bootstrap.Bootstrap, None or 0 replicates: off): each state also gets
-    the replicates' weighted datum_statistics, the weights drawn from FNV-1a of the datum_uid.
-    presence (with bootstrap and a compare_to model, or asked for): tagged TAG_PRESENCE, per slice,
+    context.bootstrap (kernels.bootstrap.Bootstrap, or None): each state also gets the
+    replicates' weighted datum_statistics, the weights drawn from FNV-1a of the datum_uid.
+    context.presence: tagged TAG_PRESENCE, per slice,
     (slice JSON, ("groundtruths", uint64 hashes of the evaluated datums)) and (slice JSON,
     (model, hashes of those with a usable prediction of the model))."""
 
-    def __init__(self, models, slice_specs, config: SegmentationConfig, files: dict, quiet: bool,
-                 started: float, bootstrap=None, presence: bool = False):
-        super().__init__(quiet, started)
-        self.models = models
-        self.slice_specs = [tuple(s) for s in slice_specs]
+    def __init__(self, config: SegmentationConfig, context: MatchContext):
+        super().__init__(context.quiet, context.started)
+        self.models = list(context.models)
+        self.slice_specs = [tuple(s) for s in context.slices]
         self.config = config
-        self.files = files
-        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.presence = bool(presence)
+        self.files = context.files
+        self.bootstrap = context.bootstrap
+        self.presence = context.presence
 
     def _reject(self, source, row, reason: str):
         return reject_row(self.files, source, row, reason)
@@ -345,44 +333,7 @@ def vocabulary_problems(found: list) -> list:
     return label_problems({None: truth}, {model: {None: predicted} for model, _, predicted in found})
 
 
-def _evaluate(pbegin, read, models, slices, config: SegmentationConfig, files, quiet, started,
-              bootstrap=None, compare_to=None, presence: bool = False, spill_dir: str | None = None):
-    """The shared tail: labels side input, match per shard (the pieces through
-    grouping.group_by_shard, spilled to spill_dir when given), combine, records; and the run's
-    label findings (transforms.outputs.problem dicts). Returns (metrics, rejected, stats,
-    problems, presence); presence is None unless bootstrapping with a compare_to model, or
-    presence=True."""
-    presence = bool(presence) or (bootstrap is not None and bootstrap.enabled
-                                  and compare_to is not None)
-    declared = sorted(set((config.label_names or {}).values()))
-    labels = beam.pvalue.AsSingleton(
-        (read[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
-        | "AllLabels" >> beam.Flatten()
-        | "Labels" >> beam.CombineGlobally(LabelSet()))
-    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
-    matched = (shards
-               | "Match" >> beam.ParDo(MatchSegmentation(models, slices, config, files, quiet, started,
-                                                         bootstrap, presence),
-                                       labels)
-               .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_PRESENCE, main="partials"))
-    combined = combine_states(matched.partials, spill_dir)
-    metrics = combined | "Records" >> beam.FlatMap(records_of, state_records, labels)
-    problems = (combined
-                | "Overall" >> beam.Filter(overall_slice)
-                | "PixelLabels" >> beam.Map(pixel_labels, labels)
-                | "GatherPixelLabels" >> beam.combiners.ToList()
-                | "LabelProblems" >> beam.FlatMap(vocabulary_problems))
-    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter,
-              metered_states(matched.partials, combined))
-             | "AllStats" >> beam.Flatten())
-    return metrics, rejected, stats, problems, (matched[TAG_PRESENCE] if presence else None)
-
-
 RECORD_ORDER = ("Accuracy", "mIOU", "IOU", "Precision", "Recall", "F1", "ConfusionMatrix")
-# every record type this task can write (gates check names against it)
-METRIC_TYPES = RECORD_ORDER
 
 
 def record_sort_key(record: dict):
@@ -391,61 +342,66 @@ def record_sort_key(record: dict):
             RECORD_ORDER.index(record["type"]), str(record["parameters"].get("label", "")))
 
 
-class EvaluateSegmentationFiles(beam.PTransform):
-    """Segmentation row files (job.sources) -> Evaluated (transforms.evaluated); its problems
-    are the label findings. With job.bootstrap, the scalar records carry their replicates and,
-    with job.compare_to too, Evaluated.presence the datums of each side; job.presence:
-    Evaluated.presence anyway."""
+class SegmentationGraph(TaskGraph):
+    """Segmentation in the one graph (transforms/graph.py). Side state: the run's labels (every
+    label a reader saw, TAG_LABELS, and those --label_names declares: LabelSet), by which every
+    matcher codes its pixels and every state is read. Problems: the label findings of the whole
+    dataset's merged states (vocabulary_problems)."""
 
-    def __init__(self, config: SegmentationConfig, job):
-        super().__init__()
-        self.config = config
-        self.job = job
+    name = "segmentation"
+    read_tags = (TAG_LABELS,)
+    match_sides = ("labels",)
+    interval_unit = INTERVAL_UNIT
+    record_order = RECORD_ORDER
 
-    def expand(self, pbegin):
-        job = self.job
-        slice_keys = sorted({k for spec in job.slices for k in spec})
-        read = pbegin | "ReadFiles" >> ReadFiles(
-            job.sources, ReadSegmentationFile(job.sources, slice_keys, job.num_shards, job.quiet,
-                                              job.started, self.config.limits),
-            (TAG_REJECTED, TAG_STATS, TAG_LABELS))
-        metrics, rejected, stats, problems, presence = _evaluate(
-            pbegin, read, list(job.models), list(job.slices), self.config,
-            {n: s.files for n, s in job.sources.items()}, job.quiet, job.started,
-            job.bootstrap, job.compare_to, bool(getattr(job, "presence", False)), job.temp("pieces"))
-        return Evaluated(metrics, rejected, stats, problems, presence=presence)
+    def file_reader(self, config, context, sources):
+        return ReadSegmentationFile(sources, context.slice_keys, context.num_shards, context.quiet,
+                                    context.started, config.limits)
+
+    def rows_reader(self, config, context):
+        return SegmentationRowsFromDicts(context.slice_keys, context.num_shards, config.limits)
+
+    def side_states(self, pbegin, read, shards, config, context):
+        declared = sorted(set((config.label_names or {}).values()))
+        return {"labels": beam.pvalue.AsSingleton(
+            (read.tagged[TAG_LABELS], pbegin | "DeclaredLabels" >> beam.Create([declared]))
+            | "AllLabels" >> beam.Flatten()
+            | "Labels" >> beam.CombineGlobally(LabelSet()))}
+
+    def matcher(self, config, context):
+        return MatchSegmentation(config, context)
+
+    def merge(self, partials, sides, config, spill_dir):
+        combined = combine_states(partials, spill_dir)
+        records = combined | "Records" >> beam.FlatMap(records_of, state_records, sides["labels"])
+        return Merged(records, metered_states(partials, combined), combined)
+
+    def problems(self, stages, config, context):
+        return (stages.merged.states
+                | "Overall" >> beam.Filter(overall_slice)
+                | "PixelLabels" >> beam.Map(pixel_labels, stages.sides["labels"])
+                | "GatherPixelLabels" >> beam.combiners.ToList()
+                | "LabelProblems" >> beam.FlatMap(vocabulary_problems))
+
+    record_sort_key = staticmethod(record_sort_key)
+
+
+class EvaluateSegmentationFiles(EvaluateFiles):
+    """Segmentation row files (job.sources) -> Evaluated (transforms/graph.py, SegmentationGraph)."""
+
+    graph = SegmentationGraph()
+
+
+def users_default_config() -> SegmentationConfig:
+    """EvaluateSegmentation's default: label maps' id 255 is "ignore", as in most datasets."""
+    return SegmentationConfig(ignore_id=255)
 
 
 class EvaluateSegmentation(EvaluateRows):
-    """Semantic segmentation metrics for a user's own pipeline.
+    """Semantic segmentation metrics for a user's own pipeline (transforms.graph.EvaluateRows):
+    rows as in the README, relative mask URIs relative to the working directory. The config
+    (kernels.segmentation.SegmentationConfig; default ignore_id 255) holds label_names, the ids,
+    and the limits that bound what one row and the run may cost (schemas/limits.py)."""
 
-    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows as
-    in the README; relative mask URIs are relative to the working directory). Output: a
-    PCollection of metric records; with with_diagnostics=True, (records, rejects, stats).
-    limits and max_labels bound what one row and the run may cost (schemas/limits.py).
-    bootstrap (kernels.bootstrap.Bootstrap) and compare_to: intervals on the scalar records and
-    Comparison records, as --bootstrap and --compare_to (pipelines/segmentation.md, Intervals)."""
-
-    def __init__(self, slices=(), label_names: dict | None = None, ignore_id: int | None = 255,
-                 unlabeled_id: int | None = None, num_shards: int = 16, batch_size: int = 1000,
-                 with_diagnostics: bool = False, limits: ImageLimits = ImageLimits(),
-                 max_labels: int = MAX_LABELS, bootstrap=None, compare_to: str | None = None):
-        super().__init__(None, slices, num_shards, batch_size, with_diagnostics, bootstrap, compare_to)
-        self.label_names = label_names
-        self.ignore_id = ignore_id
-        self.unlabeled_id = unlabeled_id
-        self.limits = limits
-        self.max_labels = max_labels
-
-    def expand(self, pcolls):
-        reader = SegmentationRowsFromDicts(self.slice_keys, self.num_shards, self.limits)
-        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS, TAG_LABELS),
-                                         "EvaluateSegmentation")
-        pbegin = beam.pvalue.PBegin(pcolls[GROUNDTRUTHS].pipeline)
-        config = SegmentationConfig(self.label_names, self.ignore_id, self.unlabeled_id,
-                                    self.limits, self.max_labels)
-        metrics, rejected, stats, _, presence = _evaluate(pbegin, read, models, self.slices, config,
-                                                          {}, True, 0.0, self.bootstrap,
-                                                          self.compare_to)
-        metrics = self.uncertain(metrics, presence, None, unit=INTERVAL_UNIT)
-        return (metrics, rejected, self.row_counters(stats)) if self.with_diagnostics else metrics
+    graph = SegmentationGraph()
+    default_config = users_default_config

@@ -17,7 +17,6 @@ intervals (one per field for the dict values of ROUGE, CorpusBLEU and the rule e
 from __future__ import annotations
 
 import json
-import typing
 
 import apache_beam as beam
 import numpy as np
@@ -25,28 +24,23 @@ import pyarrow as pa
 
 from evalbeam.schemas.hashing import fnv1a_64, uid_shards
 from evalbeam.schemas.limits import MAX_TEXT_CHARS
-from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.schemas.text_rows import GroundTruthRow, PredictionRow, text_rows
-from evalbeam.transforms.evaluated import Evaluated, EvaluateRows
-from evalbeam.transforms.grouping import group_by_shard
-from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn, ReadFiles,
-                                    ReadRowFile, RowsFromDicts, created_whole, join, merge_sorted_parts,
-                                    read_pcollections, reject_row, unique_by_source, unique_rows)
+from evalbeam.transforms.graph import (TAG_OUTCOMES, TAG_PRESENCE, EvaluateFiles, EvaluateRows,
+                                       MatchContext, TaskGraph)
+from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_STATS, ParsedRows, ProgressDoFn, ReadRowFile,
+                                    RowsFromDicts, created_whole, join, merge_sorted_parts,
+                                    reject_row, unique_by_source, unique_rows)
 from evalbeam.transforms.judge.metrics import JUDGE_METRICS
 from evalbeam.transforms.judge.report import judge_problems, judge_report
 from evalbeam.transforms.judge.session import merge_counters
 from evalbeam.transforms.kernels.bertscore import add_counts
-from evalbeam.transforms.kernels.bootstrap import Bootstrap, record_identity
+from evalbeam.transforms.kernels.bootstrap import record_identity
 from evalbeam.transforms.kernels.text import (LOCAL_METRICS, TextConfig, TextState, score_datum,
                                               state_records)
-from evalbeam.transforms.merge import merged_records
 
 TAG_SCORES = "scores"
 TAG_JUDGE = "judge_stats"
-TAG_PRESENCE = "presence"
-TAG_OUTCOMES = "outcomes"
-PARTIAL = typing.Tuple[typing.Tuple[str, str], typing.Any]
 
 
 def score_sort_key(row: dict):
@@ -61,23 +55,19 @@ def score_line(row: dict) -> str:
     return json.dumps(row, ensure_ascii=False) + "\n"
 
 
-def row_pieces(name, rows, positions, rejected, path, file_id, slice_keys, num_shards, where,
-               check_condition, check_strings=False, max_text_chars=MAX_TEXT_CHARS):
+def row_pieces(parsed: ParsedRows, slice_keys, num_shards, check_condition, check_strings=False,
+               max_text_chars=MAX_TEXT_CHARS):
     """Shard pieces (main output) of one source's parsed rows, with rejects and stats (tagged).
-    Rows from a PCollection have position None and name their source as the file; their strings
-    are checked for lone surrogates (check_strings), which JSON lines were checked for when parsed."""
-    scored = name != GROUNDTRUTHS
-    good, bad = text_rows(rows, [-1 if p is None else p for p in positions], scored, file_id,
+    The strings of rows from a PCollection are checked for lone surrogates (check_strings), which
+    JSON lines were checked for when parsed."""
+    scored = parsed.name != GROUNDTRUTHS
+    good, bad = text_rows(parsed.rows, parsed.positions_or_minus_one(), scored, parsed.file_id,
                           slice_keys if not scored else [], check_condition, check_strings,
                           max_text_chars)
-    for position, uid, reason in rejected + bad:
-        position = None if position is None or position < 0 else position
-        yield beam.pvalue.TaggedOutput(TAG_REJECTED, reject(name, path, position, reason, uid, where))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_read", name), len(rows) + len(rejected)))
-    yield beam.pvalue.TaggedOutput(TAG_STATS, (("rows_rejected", name), len(rejected) + len(bad)))
+    yield from parsed.outcome(bad)
     shards = uid_shards([row.uid for row in good], num_shards).tolist()
     for shard in sorted(set(shards)):
-        yield int(shard), (name, [row for row, s in zip(good, shards) if s == shard])
+        yield int(shard), (parsed.name, [row for row, s in zip(good, shards) if s == shard])
 
 
 def _condition_checker(config: TextConfig):
@@ -96,10 +86,10 @@ class ReadTextFile(ReadRowFile):
         super().__init__(sources, slice_keys, num_shards, quiet, started)
         self.config = config
 
-    def pieces(self, name, rows, positions, rejected, path, file_id, where):
-        return row_pieces(name, rows, positions, rejected, path, file_id,
-                          self.slice_keys if name == GROUNDTRUTHS else [], self.num_shards,
-                          where, _condition_checker(self.config), max_text_chars=self.config.max_text_chars)
+    def pieces(self, parsed: ParsedRows):
+        return row_pieces(parsed, self.slice_keys if parsed.name == GROUNDTRUTHS else [],
+                          self.num_shards, _condition_checker(self.config),
+                          max_text_chars=self.config.max_text_chars)
 
 
 class TextRowsFromDicts(RowsFromDicts):
@@ -111,35 +101,34 @@ class TextRowsFromDicts(RowsFromDicts):
 
     def process(self, element):
         source, batch = element
-        yield from row_pieces(source, batch, [None] * len(batch), [], source, 0, self.keys_of(source),
-                              self.num_shards, "row", _condition_checker(self.config),
+        yield from row_pieces(ParsedRows.of_batch(source, batch), self.keys_of(source),
+                              self.num_shards, _condition_checker(self.config),
                               check_strings=True, max_text_chars=self.config.max_text_chars)
 
 
 class MatchText(ProgressDoFn):
     """(shard, pieces) -> ((model, slice JSON), TextState) per model and slice; score rows to
     scores_dir/part-<shard>.jsonl (then TAG_SCORES: (path, rows)) or, without scores_dir, each
-    score row on TAG_SCORES; rejects and stats tagged.
+    score row on TAG_SCORES; rejects and stats tagged. scores_dir: context.temp("scores-parts")
+    on the command line, None in users' pipelines.
 
-    bootstrap (a kernels.bootstrap.Bootstrap, or None: off): the states carry R weighted
-    replicates. With compare_to as well, TAG_PRESENCE gets per slice (slice JSON, ("groundtruths"
+    context.bootstrap (a kernels.bootstrap.Bootstrap, or None: off): the states carry R weighted
+    replicates. With context.compare as well, TAG_PRESENCE gets per slice (slice JSON, ("groundtruths"
     | model, uint64 hashes of the shard's datums with a ground truth | a prediction of model)),
     and TAG_OUTCOMES per rule evaluator and slice ((record identity, slice JSON), (model, uint64
     hashes, bool passed)) of the datums its pass rate counts (Evaluated.presence, .outcomes).
-    presence: TAG_PRESENCE (not TAG_OUTCOMES) even without bootstrap or compare_to."""
+    context.presence: TAG_PRESENCE (not TAG_OUTCOMES) even without bootstrap or compare."""
 
-    def __init__(self, models, slice_specs, config: TextConfig, files: dict, scores_dir: str | None,
-                 quiet: bool, started: float, bootstrap: Bootstrap | None = None,
-                 compare_to: str | None = None, presence: bool = False):
-        super().__init__(quiet, started)
-        self.models = models
-        self.slice_specs = [tuple(s) for s in slice_specs]
+    def __init__(self, config: TextConfig, context: MatchContext):
+        super().__init__(context.quiet, context.started)
+        self.models = list(context.models)
+        self.slice_specs = [tuple(s) for s in context.slices]
         self.config = config
-        self.files = files
-        self.scores_dir = scores_dir
-        self.bootstrap = bootstrap if bootstrap is not None and bootstrap.enabled else None
-        self.compare = self.bootstrap is not None and compare_to is not None
-        self.presence = self.compare or bool(presence)
+        self.files = context.files
+        self.scores_dir = context.temp("scores-parts") if context.temp else None
+        self.bootstrap = context.bootstrap
+        self.compare = context.compare
+        self.presence = context.presence
 
     def setup(self):
         super().setup()
@@ -306,40 +295,6 @@ def shard_reference_counts(element, encoder: str) -> tuple[int, dict]:
     return reference_counts(encoder, [ref for uid in sorted(truths) for ref in truths[uid].references or ()])
 
 
-def _evaluate(read, models, slices, config, files, scores_dir, quiet, started, bootstrap=None,
-              compare_to=None, presence: bool = False, spill_dir: str | None = None):
-    """(metrics, scores, rejected, stats, judge stats, presence, outcomes); presence and
-    outcomes are None unless bootstrapping with compare_to (presence=True: presence anyway,
-    outcomes still None). With bootstrap, the records keep the internal replicate fields for
-    transforms.uncertainty. The pieces go through grouping.group_by_shard, spilled to
-    spill_dir when given."""
-    boot = bootstrap if bootstrap is not None and bootstrap.enabled else None
-    shards, shard_meter = group_by_shard(read.pieces, spill_dir)
-    side = {}
-    encoder = idf_encoder(config)
-    if encoder is not None:
-        # BERTScore's idf needs every reference of the dataset before any datum is scored
-        side["idf"] = beam.pvalue.AsSingleton(
-            shards
-            | "ReferenceTokens" >> beam.Map(shard_reference_counts, encoder)
-            | "DocumentFrequency" >> beam.CombineGlobally(add_counts))
-    matched = (shards
-               | "Score" >> beam.ParDo(MatchText(models, slices, config, files, scores_dir, quiet, started,
-                                                 boot, compare_to, presence), **side)
-               .with_output_types(PARTIAL)
-               .with_outputs(TAG_REJECTED, TAG_STATS, TAG_SCORES, TAG_JUDGE, TAG_PRESENCE, TAG_OUTCOMES,
-                             main="partials"))
-    metrics, state_meters = merged_records(matched.partials, state_records, config, spill_dir=spill_dir)
-    rejected = (read[TAG_REJECTED], matched[TAG_REJECTED]) | "Rejected" >> beam.Flatten()
-    stats = ((read[TAG_STATS], matched[TAG_STATS], shard_meter, state_meters)
-             | "AllStats" >> beam.Flatten())
-    judge_stats = matched[TAG_JUDGE] | "JudgeStats" >> beam.CombineGlobally(merge_counters)
-    comparing = boot is not None and compare_to is not None
-    presence = matched[TAG_PRESENCE] if comparing or presence else None
-    outcomes = matched[TAG_OUTCOMES] if comparing else None
-    return metrics, matched[TAG_SCORES], rejected, stats, judge_stats, presence, outcomes
-
-
 # every metric type, in the order of metrics.jsonl
 RECORD_ORDER = LOCAL_METRICS + JUDGE_METRICS
 
@@ -348,85 +303,89 @@ def record_sort_key(record: dict):
     """model, slice, type, then parameters."""
     return (record["model"], len(record["slice"]), json.dumps(record["slice"], sort_keys=True),
             RECORD_ORDER.index(record["type"]), json.dumps(record["parameters"], sort_keys=True))
-# every record type this task can write (gates check names against it)
-METRIC_TYPES = RECORD_ORDER
 
 
-class EvaluateTextFiles(beam.PTransform):
-    """Text row files (job.sources) -> Evaluated (transforms.evaluated). Per-datum scores are
-    written to job.temp("scores.jsonl") (extra output "scores.jsonl"); with judge metrics, the
-    report is run.json's "judge" section and the problems are the judge's failures
-    (transforms.judge.report); the problems hold config.model_problems too.
-    Evaluated.presence: with job.bootstrap and job.compare_to, or with job.presence;
-    Evaluated.outcomes: with job.bootstrap and job.compare_to."""
+class TextGraph(TaskGraph):
+    """Text in the one graph (transforms/graph.py). Side state: with --bertscore_idf, the
+    document frequencies of every reference's tokens (idf_encoder), counted from the grouped
+    shards before any datum is scored ("idf"). The matcher's own outputs: per-datum score rows
+    (TAG_SCORES; part files merged into scores.jsonl on the command line) and the judge's
+    counters (TAG_JUDGE; run.json's "judge" report). Problems: the checks before the run found
+    (config.model_problems) and, with judge metrics, the judge's failures
+    (transforms.judge.report), decided by the status counts of the whole dataset's judge
+    records. Users' pipelines get the score rows as Diagnosed.extra["scores"]."""
 
-    def __init__(self, config: TextConfig, job):
-        super().__init__()
-        self.bootstrap = getattr(job, "bootstrap", None)
-        self.compare_to = getattr(job, "compare_to", None)
-        self.presence = bool(getattr(job, "presence", False))
-        self.sources = job.sources
-        self.models = list(job.models)
-        self.slices = list(job.slices)
-        self.config = config
-        self.num_shards = job.num_shards
-        self.temp = job.temp
-        self.quiet = job.quiet
-        self.started = job.started
+    name = "text"
+    match_tags = (TAG_SCORES, TAG_JUDGE)
+    match_sides = ("idf",)
+    record_order = RECORD_ORDER
+    state_records = staticmethod(state_records)
 
-    def expand(self, pbegin):
-        slice_keys = sorted({k for spec in self.slices for k in spec})
-        read = pbegin | "ReadFiles" >> ReadFiles(
-            self.sources, ReadTextFile(self.sources, slice_keys, self.num_shards, self.config,
-                                       self.quiet, self.started), (TAG_REJECTED, TAG_STATS))
-        metrics, score_parts, rejected, stats, judge_stats, presence, outcomes = _evaluate(
-            read, self.models, self.slices, self.config,
-            {n: s.files for n, s in self.sources.items()}, self.temp("scores-parts"), self.quiet,
-            self.started, self.bootstrap, self.compare_to, self.presence, self.temp("pieces"))
-        n_scores = (score_parts
-                    | "GatherScoreParts" >> beam.combiners.ToList()
-                    | "MergeScores" >> beam.Map(merge_score_parts, self.temp("scores.jsonl")))
+    def file_reader(self, config, context, sources):
+        return ReadTextFile(sources, context.slice_keys, context.num_shards, config,
+                            context.quiet, context.started)
+
+    def rows_reader(self, config, context):
+        return TextRowsFromDicts(context.slice_keys, context.num_shards, config)
+
+    def side_states(self, pbegin, read, shards, config, context):
+        encoder = idf_encoder(config)
+        if encoder is None:
+            return {}
+        # BERTScore's idf needs every reference of the dataset before any datum is scored
+        return {"idf": beam.pvalue.AsSingleton(
+            shards
+            | "ReferenceTokens" >> beam.Map(shard_reference_counts, encoder)
+            | "DocumentFrequency" >> beam.CombineGlobally(add_counts))}
+
+    def matcher(self, config, context):
+        return MatchText(config, context)
+
+    def report(self, stages, config, context):
+        if config.judge is None:
+            return None
+        return (stages.matched[TAG_JUDGE]
+                | "JudgeStats" >> beam.CombineGlobally(merge_counters)
+                | "JudgeReport" >> beam.Map(lambda c: {"judge": judge_report(c)}))
+
+    def problems(self, stages, config, context):
         # the checks before the run found these (config.model_problems)
-        found = pbegin | "ModelProblems" >> beam.Create(list(self.config.model_problems))
-        if self.config.judge is None:
-            return Evaluated(metrics, rejected, stats, found, {"scores.jsonl": n_scores},
-                             presence=presence, outcomes=outcomes)
+        found = stages.pbegin | "ModelProblems" >> beam.Create(list(config.model_problems))
+        if stages.report is None:
+            return found
         # the judge metrics' records of the whole dataset: their status counts decide the status
-        judged = metrics | "JudgedRecords" >> beam.Filter(
+        judged = stages.merged.records | "JudgedRecords" >> beam.Filter(
             lambda record: "counts" in record and record["slice"] == {})
-        report = judge_stats | "JudgeReport" >> beam.Map(lambda c: {"judge": judge_report(c)})
-        problems = report | "JudgeProblems" >> beam.FlatMap(
+        problems = stages.report | "JudgeProblems" >> beam.FlatMap(
             lambda r, records, allowed: judge_problems(list(records), allowed,
                                                        r["judge"]["error_samples"]),
-            beam.pvalue.AsList(judged), self.config.judge_max_failed_fraction)
-        problems = (problems, found) | "AllProblems" >> beam.Flatten()
-        return Evaluated(metrics, rejected, stats, problems, {"scores.jsonl": n_scores}, report,
-                         presence, outcomes)
+            beam.pvalue.AsList(judged), config.judge_max_failed_fraction)
+        return (problems, found) | "AllProblems" >> beam.Flatten()
+
+    def extra_outputs(self, stages, config, context):
+        if context.temp is None:
+            return {}
+        return {"scores.jsonl": (
+            stages.matched[TAG_SCORES]
+            | "GatherScoreParts" >> beam.combiners.ToList()
+            | "MergeScores" >> beam.Map(merge_score_parts, context.temp("scores.jsonl")))}
+
+    def diagnostics(self, stages):
+        return {"scores": stages.matched[TAG_SCORES]}
+
+    record_sort_key = staticmethod(record_sort_key)
+
+
+class EvaluateTextFiles(EvaluateFiles):
+    """Text row files (job.sources) -> Evaluated (transforms/graph.py, TextGraph): per-datum
+    scores in job.temp("scores.jsonl"), the judge's report and problems."""
+
+    graph = TextGraph()
 
 
 class EvaluateText(EvaluateRows):
-    """Text metrics for a user's own pipeline.
+    """Text metrics for a user's own pipeline (transforms.graph.EvaluateRows); with
+    with_diagnostics=True, Diagnosed.extra["scores"] holds the per-datum score rows."""
 
-    Input: a dict of PCollections of row dicts, {"groundtruths": ..., "<model name>": ...} (rows
-    as in the README). Output: a PCollection of metric records; with with_diagnostics=True,
-    (records, scores, rejects, stats) where scores holds the per-datum score rows. bootstrap
-    (kernels.bootstrap.Bootstrap) and compare_to: intervals and Comparison records as with
-    --bootstrap and --compare_to (pipelines/text.md, "Intervals")."""
-
-    def __init__(self, config: TextConfig | None = None, slices=(), num_shards: int = 16,
-                 batch_size: int = 1000, with_diagnostics: bool = False, bootstrap=None,
-                 compare_to: str | None = None):
-        super().__init__(config or TextConfig(), slices, num_shards, batch_size, with_diagnostics,
-                         bootstrap, compare_to)
-
-    def expand(self, pcolls):
-        slice_keys = self.slice_keys
-        reader = TextRowsFromDicts(slice_keys, self.num_shards, self.config)
-        models, read = read_pcollections(pcolls, self.batch_size, reader, (TAG_REJECTED, TAG_STATS),
-                                         "EvaluateText")
-        metrics, scores, rejected, stats, _, presence, outcomes = _evaluate(
-            read, models, self.slices, self.config, {}, None, True, 0.0, self.bootstrap, self.compare_to)
-        metrics = self.uncertain(metrics, presence, outcomes, unit="datum")
-        if not self.with_diagnostics:
-            return metrics
-        return metrics, scores, rejected, self.row_counters(stats)
+    graph = TextGraph()
+    default_config = TextConfig

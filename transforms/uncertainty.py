@@ -1,6 +1,6 @@
 """Intervals and paired comparisons on a task's metric records: the one Beam step every task
 shares (the formulas are in transforms/kernels/bootstrap.py; the reference is
-pipelines/uncertainty.md).
+pipelines/launch/uncertainty.md).
 
 A task's records may carry kernels.bootstrap.REPLICATES (the replicate values of a scalar
 record) and PROPORTION ([successes, trials] over datums). Uncertainty turns them into

@@ -47,4 +47,4 @@ def main(runner="apache_beam.runners.dask.dask_runner.DaskRunner"):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])  # evalbeam.pipelines.dask_runner.DaskRunner prints the expected lines
+    main(*sys.argv[1:2])  # evalbeam.pipelines.runners.dask.DaskRunner prints the expected lines

@@ -4,10 +4,10 @@ On the launcher VM, Dataflow runs `python flex_launcher.py --name=value ...`: on
 template parameter given at launch, then the pipeline options the service adds itself (--runner,
 --project, --region, --temp_location, --staging_location, --job_name, --sdk_container_image, ...).
 A template parameter is always one `name=value` string, so this module rewrites the few evalbeam
-flags that a single string cannot express, then runs `python -m evalbeam.pipelines.<task>` in this process
-with the result (the same entry point as `evalbeam <task>`):
+flags that a single string cannot express, then runs `python -m evalbeam.pipelines.tasks.<task>` in this
+process with the result (the same entry point as `evalbeam <task>`):
 
-    task=classification               which evalbeam.pipelines.<task> module to run (default: classification)
+    task=classification               which evalbeam.pipelines.tasks.<task> module to run (default: classification)
     predictions=a=gs://x*;b=gs://y*    --predictions a=gs://x* --predictions b=gs://y*
     hardmax=true | false               --hardmax | --no_hardmax
     quiet=true | false                 --quiet | (nothing)
@@ -84,7 +84,7 @@ def translate(argv: list[str], run_date: str) -> tuple[str, list[str]]:
             value = value.replace(RUN_DATE_TOKEN, run_date)
         if name == "task":
             if not TASK_NAME.match(value):
-                raise ValueError(f"task must be a module name under pipelines/, got {value!r}")
+                raise ValueError(f"task must be a module name under pipelines/tasks/, got {value!r}")
             task = value
         elif name == "predictions":
             entries = [entry.strip() for entry in value.split(PREDICTIONS_SEPARATOR)]
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         task, args = translate(argv, run_date)
     except ValueError as error:
         sys.exit(f"flex_launcher: {error}")
-    module = f"evalbeam.pipelines.{task}"
+    module = f"evalbeam.pipelines.tasks.{task}"
     if print_only:
         print(" ".join(["python", "-m", module, *args]))
         return

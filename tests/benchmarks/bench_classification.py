@@ -104,7 +104,7 @@ def ensure_dataset(workdir: str, n_datums: int, n_classes: int) -> dict[str, str
     if complete and all(map(os.path.exists, paths.values())):
         print(f"reusing data in {folder}", file=sys.stderr)
         return paths
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     print(f"generating {n_datums:,} datums x {n_classes} classes in {folder} ...", file=sys.stderr)
     start = time.perf_counter()

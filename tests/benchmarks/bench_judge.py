@@ -31,7 +31,7 @@ def pipeline(url: str, n: int, rpm: int, journal: str, out: str) -> None:
     sys.path.insert(0, ROOT)
     import apache_beam as beam
 
-    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.pipelines.launch.common import local_pipeline
     from evalbeam.transforms.io import write_json
     from evalbeam.transforms.judge.requests import JudgeRequest
     from evalbeam.transforms.judge.transform import JudgeCalls, JudgeSettings

@@ -1,6 +1,6 @@
 """Benchmark: evalbeam's LLM-judge metrics against RAGAS 0.4 on the same data and the same judge.
 
-Data: `pipelines/synthetic_rag.py` datums that both tools can score (a question, one reference,
+Data: `pipelines/demo/synthetic_rag.py` datums that both tools can score (a question, one reference,
 a non-empty answer and contexts), written once as evalbeam's JSONL; RAGAS reads the same files.
 Judge: `evalbeam judge-server` in its own process, answering after --latency_ms, no rate limit.
 It answers both tools' prompts by the same rules (RAGAS's schema-in-prompt JSON mode included).
@@ -129,7 +129,7 @@ def ragas_python(path: str | None) -> str:
 def write_data(folder: str, n: int, seed: int) -> tuple[str, str]:
     """n datums both tools can score: question, one reference, an answer and contexts."""
     sys.path.insert(0, ROOT)
-    from evalbeam.pipelines.synthetic_rag import make_rag_datums
+    from evalbeam.pipelines.demo.synthetic_rag import make_rag_datums
 
     truths, predictions = make_rag_datums(4 * n, seed=seed, models=("rag",))
     answers = {p["datum_uid"]: p for p in predictions["rag"]}

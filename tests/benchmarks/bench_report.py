@@ -74,7 +74,7 @@ def browse(path: str, repeats: int) -> dict:
 
 
 def classification(args) -> None:
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     folder = os.path.join(args.workdir, f"clf-{args.n_datums}")
     marker = os.path.join(folder, "params.json")

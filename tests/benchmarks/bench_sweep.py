@@ -43,7 +43,7 @@ EVALBEAM = [sys.executable, "-m", "evalbeam.pipelines.cli"]
 
 
 def make_data(folder: str, datasets: int, models: int, n: int) -> dict:
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     params = {"datasets": datasets, "models": models, "n_datums": n, "version": 1}
     marker = os.path.join(folder, "params.json")

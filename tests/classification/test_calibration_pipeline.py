@@ -15,11 +15,11 @@ import pytest
 from helpers import MULTIPROCESS, read_jsonl, run_classification, write_jsonl
 from test_classification_bootstrap import CLASSES, MODELS, _dataset, _truth_and_scores
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import Bootstrap
 from evalbeam.transforms.kernels.calibration import CALIBRATION_TYPES
-from evalbeam.transforms.kernels.classification import METRIC_TYPES, ClassificationConfig
+from evalbeam.transforms.kernels.classification import DEFAULT_METRIC_TYPES, ClassificationConfig
 
 TOL = 1e-12
 BINS = 10
@@ -52,9 +52,9 @@ def _records(text: bytes) -> list[dict]:
 
 def test_calibration_is_computed_only_when_asked(data, reference, tmp_path):
     plain = {r["type"] for r in _records(_run(data, tmp_path / "plain"))}
-    assert plain == set(METRIC_TYPES)
+    assert plain == set(DEFAULT_METRIC_TYPES)
     asked = {r["type"] for r in _records(reference)}
-    assert asked == set(METRIC_TYPES) | set(CALIBRATION_TYPES)
+    assert asked == set(DEFAULT_METRIC_TYPES) | set(CALIBRATION_TYPES)
     only = _records(_run(data, tmp_path / "only", "--metrics", "ECE,BrierScore"))
     assert {r["type"] for r in only} == {"ECE", "BrierScore"}
     assert {r["parameters"].get("bins") for r in only if r["type"] == "ECE"} == {15}  # default B
@@ -141,7 +141,7 @@ def test_values_and_intervals_against_a_brute_force(data, reference):
 def test_rows_api_computes_calibration_like_the_command_line(data, reference, tmp_path):
     from evalbeam.transforms.classification import EvaluateClassification
 
-    config = ClassificationConfig(metrics=frozenset(METRIC_TYPES) | frozenset(CALIBRATION_TYPES),
+    config = ClassificationConfig(metrics=frozenset(DEFAULT_METRIC_TYPES) | frozenset(CALIBRATION_TYPES),
                                   calibration_bins=BINS)
     out = tmp_path / "rows.jsonl"
     with local_pipeline() as pipeline:

@@ -27,7 +27,7 @@ from test_classification_kernel import KeyData, make_key, oracle_records, random
 
 import evalbeam.transforms.classification as classification_plumbing
 import evalbeam.transforms.kernels.bootstrap as bootstrap_kernel
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import PROPORTION, REPLICATES, Bootstrap, wilson_interval
 from evalbeam.transforms.kernels.calibration import CALIBRATION_TYPES

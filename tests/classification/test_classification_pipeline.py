@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from helpers import (MULTIPROCESS, read_jsonl, run_classification, run_cli_here, run_cli_subprocess,
                       write_jsonl)
-from evalbeam.pipelines.synthetic import write_classification_dataset
+from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
 
 def gt_row(uid, value, region="north", key="class"):

@@ -298,7 +298,7 @@ def test_non_finite_slice_values_are_rejected_on_every_reader(monkeypatch, tmp_p
 def test_memory_model_and_bounds():
     from evalbeam.transforms.classification import VocabularyCombineFn
     from evalbeam.transforms.kernels.classification import (STATE_BUDGET_BYTES, ClassificationConfig,
-                                                   METRIC_TYPES)
+                                                   DEFAULT_METRIC_TYPES)
 
     config = ClassificationConfig()
     # the 74.5 GiB: one int64 confusion matrix of 100,001 x 100,001 at one threshold
@@ -306,7 +306,7 @@ def test_memory_model_and_bounds():
     limit = config.value_limit
     assert config.state_bytes(limit) <= STATE_BUDGET_BYTES < config.state_bytes(limit + 1)
     assert limit == 5742 and config.labels_per_row_limit == limit
-    linear = ClassificationConfig(metrics=frozenset(METRIC_TYPES) - {"ConfusionMatrix"})
+    linear = ClassificationConfig(metrics=frozenset(DEFAULT_METRIC_TYPES) - {"ConfusionMatrix"})
     assert linear.value_limit == 338_933
     assert ClassificationConfig(max_label_values=10, max_labels_per_row=3).labels_per_row_limit == 3
 
@@ -417,7 +417,7 @@ def test_integer_labels_and_hostile_rows_end_to_end(tmp_path):
 def test_summary_macro_means_equal_sklearn_default_label_set(tmp_path):
     from sklearn.metrics import precision_recall_fscore_support
 
-    from evalbeam.pipelines.summary import classification_summary
+    from evalbeam.pipelines.tasks.classification import classification_summary
     from evalbeam.transforms.kernels.classification import ClassificationConfig
 
     truth, models = make_rows(seed=4, n=150)
@@ -569,7 +569,7 @@ def test_detection_rows_given_to_classification_name_the_right_command(tmp_path,
 def test_ptransform_reads_integer_labels_and_refuses_a_vocabulary_beyond_its_bound(tmp_path):
     import apache_beam as beam
 
-    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.pipelines.launch.common import local_pipeline
     from evalbeam.transforms.classification import EvaluateClassification
     from evalbeam.transforms.kernels.classification import ClassificationConfig
 

@@ -108,7 +108,7 @@ def test_pieces_write_what_a_whole_read_writes(tmp_path, seed, iou_type, protoco
 def _reader(gt: str, results: str):
     from types import SimpleNamespace
 
-    from evalbeam.transforms.detection import ReadCocoFile
+    from evalbeam.transforms.detection_reading import ReadCocoFile
 
     sources = {"groundtruths": SimpleNamespace(files=[gt]), "m": SimpleNamespace(files=[results])}
     reader = ReadCocoFile(sources, "bbox", [], 1, True, 0.0)
@@ -165,6 +165,7 @@ def test_pieces_in_any_order_make_the_file_s_state():
     from apache_beam.pvalue import TaggedOutput
 
     from evalbeam.transforms.detection import TAG_CATEGORIES, MatchDetection
+    from evalbeam.transforms.graph import MatchContext
     from evalbeam.transforms.kernels.detection import DetectionConfig
 
     def shard_pieces(outputs):
@@ -185,7 +186,7 @@ def test_pieces_in_any_order_make_the_file_s_state():
     assert len(cuts) > 10 and len(pieces) == len(cuts)
     assert len(truth_cuts) > 5 and len(truth_pieces) == len(truth_cuts)
     files = {"groundtruths": [gt], "m": [results]}
-    matcher = MatchDetection(DetectionConfig(), ["m"], [()], files, True, 0.0)
+    matcher = MatchDetection(DetectionConfig(), MatchContext(("m",), ((),), files))
     matcher.setup()
 
     def states(gts, dts):

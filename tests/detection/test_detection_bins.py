@@ -57,7 +57,7 @@ def test_merged_binned_states_equal_one(tmp_path):
 
 
 def test_score_bins_through_the_cli(tmp_path, shared_reference):
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     base = shared_reference / "detection" / "coco_val2014_100"
     outputs = []
@@ -83,7 +83,7 @@ def test_valor_score_bins_bound_ap_and_keep_the_rest_exact(tmp_path, seed):
     """--score_bins under the valor protocol: the AP family comes as bounds containing the exact
     values; AR, Counts, P/R/F1, the curves and the confusion matrices are those of the exact run;
     the output does not depend on the shard count."""
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
     from helpers import write_jsonl
     from test_detection_native import make_dataset
 

@@ -470,7 +470,7 @@ def test_rows_api_intervals_and_comparisons():
     with beam.Pipeline() as p:
         records = ({"groundtruths": p | "G" >> beam.Create(gt), "a": p | "A" >> beam.Create(a),
                     "b": p | "B" >> beam.Create(b)}
-                   | EvaluateDetection(protocol=Protocol("valor", (0.5, 0.75)),
+                   | EvaluateDetection(DetectionConfig(protocol=Protocol("valor", (0.5, 0.75))),
                                        bootstrap=Bootstrap(25, 0.95, 2), compare_to="a"))
         assert_that(records, _check_rows_api)
 
@@ -487,5 +487,6 @@ def test_rows_api_refuses_score_bins_with_bootstrap():
     from evalbeam.transforms.detection import EvaluateDetection
 
     with pytest.raises(ValueError, match="score_bins and bootstrap"):
-        EvaluateDetection(protocol=Protocol("valor", score_bins=10), bootstrap=Bootstrap(5))
-    EvaluateDetection(protocol=Protocol("valor", score_bins=10), bootstrap=Bootstrap(0))
+        EvaluateDetection(DetectionConfig(protocol=Protocol("valor", score_bins=10)),
+                          bootstrap=Bootstrap(5))
+    EvaluateDetection(DetectionConfig(protocol=Protocol("valor", score_bins=10)), bootstrap=Bootstrap(0))

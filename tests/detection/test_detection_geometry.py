@@ -132,7 +132,7 @@ def test_geometries_are_converted_for_the_iou_type():
 def test_native_rasters_give_the_numbers_of_the_same_coco_masks(tmp_path):
     """The same masks as a COCO instances/results pair (RLE segmentations, pycocotools' mask IoU)
     and as native raster rows, both under the valor protocol: identical records."""
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     rng = np.random.default_rng(11)
     h, w = 48, 64

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 
 
 def run_detection(*args) -> int:
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     return run([str(a) for a in args])
 
@@ -251,7 +251,7 @@ def test_evaluate_detection_ptransform_matches_the_cli(tmp_path):
     from apache_beam.testing.util import assert_that
 
     from evalbeam.transforms.detection import EvaluateDetection
-    from evalbeam.transforms.kernels.detection import Protocol
+    from evalbeam.transforms.kernels.detection import DetectionConfig, Protocol
 
     _, _, gt_rows, pred_rows = make_dataset(6)
     write_jsonl(tmp_path / "gt.jsonl", gt_rows)
@@ -262,9 +262,10 @@ def test_evaluate_detection_ptransform_matches_the_cli(tmp_path):
     protocol = Protocol("valor", iou_thresholds=(0.5, 0.75))
 
     with local_pipeline() as p:
-        records, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
-                                 "m": p | "M" >> beam.Create(pred_rows + [{"datum_uid": "x"}])}
-                                | EvaluateDetection(protocol=protocol, with_diagnostics=True))
+        records, rejected, _, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
+                                    "m": p | "M" >> beam.Create(pred_rows + [{"datum_uid": "x"}])}
+                                   | EvaluateDetection(DetectionConfig(protocol=protocol),
+                                                       with_diagnostics=True))
 
         def same_records(found):
             assert sorted(json.dumps(r, sort_keys=True) for r in found) == expected

@@ -14,7 +14,7 @@ STAT_NAMES = ("AP", "AP50", "AP75", "APsmall", "APmedium", "APlarge",
 
 
 def detection(tmp_path, gt, predictions: dict, *extra) -> tuple[int, list[dict]]:
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     out = tmp_path / "out"
     args = ["--groundtruths", gt, "--output", out, "--quiet", *extra]
@@ -179,7 +179,7 @@ def test_image_shards_hash_each_decimal_id():
     import pyarrow as pa
 
     from evalbeam.schemas.hashing import fnv1a_64
-    from evalbeam.transforms.detection import image_shards
+    from evalbeam.transforms.detection_reading import image_shards
 
     rng = np.random.default_rng(7)
     cases = [np.zeros(0, np.int64), np.array([139]),

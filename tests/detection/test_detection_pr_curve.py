@@ -275,7 +275,7 @@ def full_valor_state(dataset, results, protocol):
 def recall_edges(n_gt: int) -> set[int]:
     """Recall points r where valor-lite's binning (floor(recall * 100) >= r) and pycocotools'
     reading (recall >= np.linspace(0, 1, 101)[r]) disagree for some recall k / n_gt: there the
-    two curves may legitimately differ (pipelines/detection.md)."""
+    two curves may legitimately differ (pipelines/tasks/detection.md)."""
     out = set()
     for k in range(1, n_gt + 1):
         recall = k / n_gt

@@ -117,7 +117,7 @@ def test_hand_computed_case():
 
 
 def test_valor_protocol_through_the_cli(tmp_path, shared_reference):
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     base = shared_reference / "detection" / "coco_val2014_100"
     out = tmp_path / "out"
@@ -167,7 +167,7 @@ def test_detailed_curve_by_hand_and_against_the_pr_curve(tmp_path):
     0.8 (overlaps nothing: a hallucination) and 0.7 (takes gt B at IoU 0.6); the "ghost" detection
     0.6 lies on gt A (another label): a misclassification, and gt A's misclassification once its
     own detection falls below the threshold while the ghost still counts."""
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     dataset = {"images": [{"id": 1, "height": 100, "width": 100}],
                "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "ghost"}],

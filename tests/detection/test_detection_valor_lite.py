@@ -20,7 +20,7 @@ SCORES = [0.0, 0.25, 0.5, 0.8]
 
 
 def run_detection(*args) -> int:
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     return run([str(a) for a in args])
 

@@ -17,7 +17,7 @@ from helpers import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
 
 
 def run_detection(*args) -> int:
-    from evalbeam.pipelines.detection import run
+    from evalbeam.pipelines.tasks.detection import run
 
     return run([str(a) for a in args])
 
@@ -376,7 +376,7 @@ def test_truncated_native_gz_is_an_input_error(tmp_path, capsys):
 
 def test_summary_shows_the_twelve_coco_statistics(tmp_path):
     """All 12 statistics (9 were shown), "-" for the undefined -1, lines that fit a terminal."""
-    from evalbeam.pipelines.summary import detection_summary
+    from evalbeam.pipelines.tasks.detection import detection_summary
     from evalbeam.transforms.kernels.detection import SUMMARY_NAMES
 
     values = dict(zip(SUMMARY_NAMES, [0.1234, 0.2345, 0.3456, 0.4567, -1.0, 0.5678,
@@ -498,9 +498,9 @@ def test_mask_size_bound_and_its_option(tmp_path):
     """A 130-byte raster claiming 50,000 x 50,000 pixels is rejected before anything is decoded,
     naming --max_image_pixels, which detection now has (and passes to native rows and COCO
     files alike)."""
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.detection import SPEC
-    from evalbeam.pipelines.launcher import parse_command
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.tasks.detection import TASK
+    from evalbeam.pipelines.launch.launcher import parse_command
     from evalbeam.schemas.coco_rows import box_rows
     from evalbeam.schemas.detection_rows import native_rows
 
@@ -517,10 +517,10 @@ def test_mask_size_bound_and_its_option(tmp_path):
     assert "exceeds the limit of 100,000,000" in bad[0][1]
 
     common = ["--groundtruths", "gt.json", "--predictions", "m.json", "--output", "out"]
-    args = parse_command(SPEC, common + ["--max_image_pixels", "169000000"])[0]
+    args = parse_command(TASK, common + ["--max_image_pixels", "169000000"])[0]
     assert args.max_image_pixels == 169_000_000
     with pytest.raises(UsageError, match="--max_image_pixels must lie in"):
-        parse_command(SPEC, common + ["--max_image_pixels", "0"])
+        parse_command(TASK, common + ["--max_image_pixels", "0"])
 
 
 # ------------------------------------------------------------------ 8. dense images
@@ -671,7 +671,7 @@ def test_a_dense_image_costs_bounded_memory(tmp_path):
                                        {"datum_uid": "plain", "annotations": [dict(box, score=0.5)]}])
     # the child's own high-water mark (VmHWM): ru_maxrss of a child started by vfork and exec
     # starts at its parent's peak, this test process's (1.38 GB once in the full suite)
-    script = ("import sys\nfrom evalbeam.pipelines.detection import run\n"
+    script = ("import sys\nfrom evalbeam.pipelines.tasks.detection import run\n"
               "code = run(sys.argv[1:])\n"
               "peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')]\n"
               "print(code, peak[0])\n")
@@ -695,7 +695,7 @@ def test_chunked_pair_kernels_are_exact(monkeypatch):
     boxes only touch, an empty polygon."""
     import shapely
 
-    from evalbeam.transforms.kernels import detection, detection_confusion, masks
+    from evalbeam.transforms.kernels import detection, detection_confusion, detection_geometry, masks
 
     rng = np.random.default_rng(7)
     n_dt, n_gt = 23, 19
@@ -706,7 +706,7 @@ def test_chunked_pair_kernels_are_exact(monkeypatch):
     crowd = rng.random(n_gt) < 0.2
     d, g = np.repeat(np.arange(n_dt), n_gt), np.tile(np.arange(n_gt), n_dt)
     whole = detection.pair_box_iou(boxes[:n_dt], boxes[n_dt:], crowd)(d, g)
-    monkeypatch.setattr(detection, "PAIR_CHUNK", 7)
+    monkeypatch.setattr(detection_geometry, "PAIR_CHUNK", 7)
     assert detection.pair_box_iou(boxes[:n_dt], boxes[n_dt:], crowd)(d, g).tobytes() == whole.tobytes()
 
     shapes = [shapely.Polygon([(x, y), (x + w, y), (x + w / 2, y + h)]) for x, y, w, h in boxes]
@@ -801,15 +801,17 @@ def test_evaluate_detection_ptransform_bounds_pairs():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from evalbeam.pipelines.common import local_pipeline
-    from evalbeam.transforms.detection import EvaluateDetection
+    from evalbeam.pipelines.launch.common import local_pipeline
+    from evalbeam.transforms.detection import EvaluateDetection, users_default_config
+    from evalbeam.transforms.kernels.detection import DetectionConfig
 
     gts, preds = _dense_rows()
     with pytest.raises(ValueError, match="max_image_pairs must be at least 1"):
-        EvaluateDetection(max_image_pairs=0)
+        EvaluateDetection(DetectionConfig(max_image_pairs=0))
     with local_pipeline() as p:
-        _, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gts), "m": p | "M" >> beam.Create(preds)}
-                          | EvaluateDetection(max_image_pairs=607, with_diagnostics=True))
+        _, rejected, _, _ = ({"groundtruths": p | "G" >> beam.Create(gts), "m": p | "M" >> beam.Create(preds)}
+                             | EvaluateDetection(users_default_config()._replace(max_image_pairs=607),
+                                                 with_diagnostics=True))
 
         def one_reject(found):
             assert [(r["source"], r["datum_uid"], r["reason"].split(" (--")[0]) for r in found] == [
@@ -825,7 +827,7 @@ def test_junk_category_ids_keep_the_sizes_side_input_small():
     16 largest categories to the side input that decides which categories are split (they are
     rejected as unknown later); the largest come first, ties by the smaller id; merging pieces
     adds their counts per model."""
-    from evalbeam.transforms.detection import SIZED_CATEGORIES, DetectionSizes, detection_sizes
+    from evalbeam.transforms.detection_reading import SIZED_CATEGORIES, DetectionSizes, detection_sizes
 
     ids = np.r_[np.arange(200_000), np.full(50, 7), np.full(30, 3), np.full(30, 99_999)]
     sizes = detection_sizes(np.random.default_rng(0).permutation(ids).astype(np.int64))

@@ -26,7 +26,7 @@ def write_lines(path: str, lines: list) -> None:
 
 
 def classification() -> None:
-    from evalbeam.pipelines.synthetic import write_classification_dataset
+    from evalbeam.pipelines.demo.synthetic import write_classification_dataset
 
     folder = os.path.join(INPUTS, "classification")
     paths = write_classification_dataset(folder, n_datums=400, n_classes=4, seed=7)
@@ -105,7 +105,7 @@ def text() -> None:
     write_lines(os.path.join(folder, "groundtruths.jsonl"), gt)
     for name, rows in predictions.items():
         write_lines(os.path.join(folder, f"{name}.jsonl"), rows)
-    from evalbeam.pipelines.synthetic_rag import write_rag_dataset
+    from evalbeam.pipelines.demo.synthetic_rag import write_rag_dataset
 
     rag = write_rag_dataset(os.path.join(folder, "rag"), 12, seed=2, models=("alpha",))
     for name, path in rag.items():

@@ -269,7 +269,7 @@ def test_the_vocabulary_rule_on_real_models():
     """A tokenizer is far smaller than its model under 90% of the model's rows, unless the rows
     are its size rounded up to a multiple of 64 or 128: padded real models pass, a tokenizer of
     another model family does not."""
-    from evalbeam.pipelines.judge_options import vocabulary_far_smaller
+    from evalbeam.pipelines.tasks.judge_options import vocabulary_far_smaller
 
     padded = [(50_257, 50_304),     # GPT-2's tokenizer, logits padded to a multiple of 64
               (151_646, 151_936),   # Qwen2
@@ -380,7 +380,7 @@ def test_a_tokenizer_far_smaller_than_its_model_is_a_warning_on_two_workers(tmp_
 def test_a_tokenizer_padding_explains_passes_without_a_word(tmp_path):
     """50 token ids of a model with 64 logits (the rows rounded up to a multiple of 64), and the
     tiny models' own tokenizers: no warning; 30 ids of 37 logits: a warning."""
-    from evalbeam.pipelines.judge_options import check_model_folder
+    from evalbeam.pipelines.tasks.judge_options import check_model_folder
     from tiny_models import WORDS, write_tiny_causal_lm, write_tiny_classifier, write_tiny_encoder
 
     words = list(WORDS) + [f"w{i}" for i in range(62 - len(WORDS))]

@@ -17,7 +17,7 @@ import time
 import pytest
 from aiohttp import web
 
-from evalbeam.pipelines.judge_server import busiest_window
+from evalbeam.pipelines.runners.judge_server import busiest_window
 from evalbeam.transforms.judge import requests as rq
 from evalbeam.transforms.judge.client import JudgeClient, extract_json_object, parse_retry_after
 from evalbeam.transforms.judge.limits import RateLimiter, TokenBucket, estimate_tokens, parse_reset_duration
@@ -295,7 +295,7 @@ def test_deadline_holds_for_retries_queued_behind_other_calls():
     retry that waits for the slot must still end at its call's deadline (before, it waited for
     the slot whatever the deadline said and overran it by up to --judge_timeout: 365 s against
     300 s; here by 1.5 s against 1.5 s)."""
-    from evalbeam.pipelines.judge_server import StandInServer
+    from evalbeam.pipelines.runners.judge_server import StandInServer
 
     ends = []   # seconds past its deadline at which each call ended
 
@@ -424,8 +424,8 @@ def test_logprobs_rejected_once_then_never_asked_again(server):
 
 
 def test_embeddings_and_logprobs_from_the_stand_in_server():
-    from evalbeam.pipelines.judge_server import StandInServer
-    from evalbeam.transforms.judge.stand_in import EMBEDDING_DIM, embed
+    from evalbeam.pipelines.runners.judge_server import StandInServer
+    from evalbeam.transforms.judge.simulated import EMBEDDING_DIM, embed
 
     async def go(url):
         async with JudgeClient(url, KEY, rpm=6000) as client:

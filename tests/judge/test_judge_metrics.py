@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from evalbeam.pipelines.judge_server import StandInServer
-from evalbeam.transforms.judge.metrics import (PROGRAMS, Datum, JudgeMetricConfig, byop_program, score_metric)
+from evalbeam.pipelines.runners.judge_server import StandInServer
+from evalbeam.transforms.judge.metrics import PROGRAMS, byop_program
+from evalbeam.transforms.judge.program import Datum, JudgeMetricConfig, score_metric
 from evalbeam.transforms.judge.session import JudgeSession
-from evalbeam.transforms.judge.stand_in import EMBEDDING_DIM, embed
+from evalbeam.transforms.judge.simulated import EMBEDDING_DIM, embed
 from evalbeam.transforms.judge.templates import load_byop, load_template, template_names
 from evalbeam.transforms.judge.transform import JudgeSettings
 from evalbeam.transforms.kernels import judge_scores as ks

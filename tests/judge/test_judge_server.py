@@ -14,9 +14,9 @@ import urllib.request
 import jsonschema
 import pytest
 
-from evalbeam.pipelines.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser, busiest_window,
+from evalbeam.pipelines.runners.judge_server import (FAULT_KINDS, JudgeState, StandInServer, build_parser, busiest_window,
                                     state_from_args)
-from evalbeam.transforms.judge.stand_in import count_tokens
+from evalbeam.pipelines.runners.stand_in import count_tokens
 
 CONTEXT = "Paris is the capital of France. The Eiffel Tower stands in Paris."
 ANSWER = "Paris is the capital of France. Berlin hosts the German parliament."
@@ -420,7 +420,7 @@ def test_busiest_window_counts_arrivals_in_half_open_windows():
 
 
 def test_contradiction_rule_a_different_name_or_number_in_the_same_statement():
-    from evalbeam.transforms.judge.stand_in import contradiction
+    from evalbeam.transforms.judge.simulated import contradiction
 
     paris = ["The Eiffel Tower is in Paris.", "It was completed in 1889.", "Gustave Eiffel's company built it."]
     assert contradiction("The Eiffel Tower is in Rome.", paris) == ("Rome", "Paris")

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from helpers import MULTIPROCESS
-from evalbeam.pipelines.common import local_pipeline
-from evalbeam.pipelines.judge_server import StandInServer, busiest_window
+from evalbeam.pipelines.launch.common import local_pipeline
+from evalbeam.pipelines.runners.judge_server import StandInServer, busiest_window
 from evalbeam.transforms.judge.requests import JudgeRequest, request_hash
 from evalbeam.transforms.judge.transform import JudgeCalls, JudgeSettings
 
@@ -174,7 +174,7 @@ def test_a_killed_run_restarted_sends_only_what_the_journal_lacks(tmp_path, key_
     with StandInServer(latency_ms=40) as server:
         script = (f"import sys; sys.path.insert(0, {tests!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
                   "import apache_beam as beam\n"
-                  "from evalbeam.pipelines.common import local_pipeline\n"
+                  "from evalbeam.pipelines.launch.common import local_pipeline\n"
                   "from evalbeam.transforms.judge.transform import JudgeCalls, JudgeSettings\n"
                   "from test_judge_transform import distinct_requests\n"
                   f"settings = JudgeSettings(url={server.url!r}, api_key_env={key_env!r}, rpm=6000, concurrency=8, batches=1)\n"

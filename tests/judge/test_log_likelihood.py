@@ -16,7 +16,8 @@ import pytest
 from helpers import MULTIPROCESS, run_cli_here, write_jsonl
 from evalbeam.transforms.judge import gptscore
 from evalbeam.transforms.judge.client import prompt_logprobs
-from evalbeam.transforms.judge.stand_in import completions_payload, prompt_logprobs as stand_in_logprobs
+from evalbeam.pipelines.runners.stand_in import completions_payload
+from evalbeam.transforms.judge.simulated import prompt_logprobs as stand_in_logprobs
 from evalbeam.transforms.kernels.log_likelihood import mean_nll, perplexity
 
 
@@ -84,7 +85,7 @@ def expected_anll(prefix: str, target: str) -> float:
 
 
 def test_text_task_scores_match_the_stand_in_on_two_workers(tmp_path):
-    from evalbeam.pipelines.judge_server import StandInServer
+    from evalbeam.pipelines.runners.judge_server import StandInServer
 
     truths = [{"datum_uid": "a", "query": "Where is the tower?",
                "references": ["The tower is in Paris.", "It stands in Paris, France."]},
@@ -204,8 +205,8 @@ def test_model_threads_default_and_reach_the_runtime(tmp_path):
     pytest.importorskip("onnxruntime", reason="needs evalbeam[models] (ONNX Runtime)")
     import asyncio
 
-    from evalbeam.pipelines.common import UsageError
-    from evalbeam.pipelines.judge_options import model_threads
+    from evalbeam.pipelines.launch.common import UsageError
+    from evalbeam.pipelines.tasks.judge_options import model_threads
     from evalbeam.transforms.judge.local_lm import LocalLM
     from tiny_models import write_tiny_causal_lm
 
@@ -495,7 +496,7 @@ def test_a_bundle_larger_than_the_window_scores_the_same(tmp_path, monkeypatch):
             predictions.append({"datum_uid": f"d{i:02d}", "response": text})
     gt = write_jsonl(tmp_path / "gt.jsonl", truths)
     pred = write_jsonl(tmp_path / "pred.jsonl", predictions)
-    text_task = importlib.import_module("evalbeam.pipelines.text")
+    text_task = importlib.import_module("evalbeam.pipelines.tasks.text")
 
     def run(out, window):
         monkeypatch.setattr(judged_text, "JUDGE_WINDOW", window)

@@ -1,7 +1,7 @@
 """The models on the workers against the reference implementations, on the real architectures:
 tests/reference_models/ holds a GPT-2, a RoBERTa, a BERT with detoxify's six labels, a
 DistilBERT bias classifier and HHEM-2.1's T5 token classifier, tiny and with random weights,
-exported to ONNX as pipelines/text.md tells users to export the real models (optimum-cli, or
+exported to ONNX as pipelines/tasks/text.md tells users to export the real models (optimum-cli, or
 torch.onnx.export for HHEM), and expected.json with what transformers, the bert-score package and
 HHEM's own computation give on them, and lmppl (H2O Sonar's Perplexity package)
 (make_reference_models.py, which needs torch; these tests do

@@ -12,7 +12,7 @@ import subprocess
 
 from helpers import MULTIPROCESS, write_jsonl
 from evalbeam.transforms.judge import scoring
-from evalbeam.transforms.judge.stand_in import PAIR_LABELS, TEXT_LABELS, classifier_logits, softmax
+from evalbeam.pipelines.runners.stand_in import PAIR_LABELS, TEXT_LABELS, classifier_logits, softmax
 from evalbeam.transforms.kernels.judge_scores import split_sentences
 
 PREDICTIONS = [
@@ -50,7 +50,7 @@ def test_scoring_endpoints_match_the_stand_in_on_two_workers(tmp_path):
     the softmax's "consistent", max over contexts), on two worker processes; then TEI without
     #multi_label (the server's softmax, the "Biased" label by name) and vLLM /score for HHEM,
     run twice on one journal: the second run sends nothing and scores the same."""
-    from evalbeam.pipelines.judge_server import StandInServer
+    from evalbeam.pipelines.runners.judge_server import StandInServer
 
     with StandInServer() as server:
         b = server.base
@@ -95,7 +95,7 @@ def test_scoring_endpoints_match_the_stand_in_on_two_workers(tmp_path):
 
 def test_a_failing_scoring_endpoint_makes_the_run_incomplete(tmp_path):
     """Every answer cut in half: the datums fail with http_error, the run ends incomplete (exit 4)."""
-    from evalbeam.pipelines.judge_server import StandInServer
+    from evalbeam.pipelines.runners.judge_server import StandInServer
 
     with StandInServer(fault_rate=1.0, faults=("malformed",)) as server:
         done = run_text(tmp_path, "out", [f"HHEM={server.base}/predict"], "HHEM",
@@ -138,8 +138,8 @@ def test_scoring_endpoint_problems_stop_before_the_run(tmp_path, capsys):
     answer, a key variable that is not set: exit 2, one paragraph, nothing written."""
     import socket
 
-    from evalbeam.pipelines.launcher import run_task
-    from evalbeam.pipelines.registry import spec_of
+    from evalbeam.pipelines.launch.launcher import run_task
+    from evalbeam.pipelines.tasks.registry import task_of
 
     with socket.socket() as probe:      # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -155,7 +155,7 @@ def test_scoring_endpoint_problems_stop_before_the_run(tmp_path, capsys):
     gt = write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "query": "q"}])
     pred = write_jsonl(tmp_path / "pred.jsonl", PREDICTIONS[:1])
     for uris, metric, said in cases:     # in this process: the usage check runs before Beam
-        code = run_task(spec_of("text"), ["--groundtruths", gt, "--predictions", f"m={pred}",
+        code = run_task(task_of("text"), ["--groundtruths", gt, "--predictions", f"m={pred}",
                                           "--output", str(tmp_path / "out"), "--metrics", metric,
                                           "--model_uri", *uris])
         err = capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Build the reference-model fixtures: the real Hugging Face architectures (GPT-2, RoBERTa, BERT,
 DistilBERT, T5 as HHEM-2.1 wraps it), tiny and with random weights, exported to ONNX the way
-pipelines/text.md tells users to export the real models (`optimum-cli export onnx`, or
+pipelines/tasks/text.md tells users to export the real models (`optimum-cli export onnx`, or
 torch.onnx.export for HHEM), with the values the reference implementations compute on them:
 transformers' own loss and lmppl (H2O Sonar's package) for Perplexity, the bert-score package
 for BERTScore, the models' own sigmoid / softmax for the classifiers, HHEM's first-token softmax.
@@ -173,7 +173,7 @@ def roberta(work: Path, pairs: list[tuple[str, list[str]]]) -> dict:
     full = work / "roberta-full"
     model.save_pretrained(full)
     tokenizer.save_pretrained(full)
-    # the recipe of pipelines/text.md: keep the layers bert-score reads, then export
+    # the recipe of pipelines/tasks/text.md: keep the layers bert-score reads, then export
     model.encoder.layer = model.encoder.layer[:2]
     model.config.num_hidden_layers = 2
     export(model, tokenizer, work, "roberta", "feature-extraction")
@@ -240,7 +240,7 @@ HHEM_PROMPT = "<pad> Determine if the hypothesis is true given the premise?\n\nP
 def hhem(work: Path, pairs: list[tuple[str, str]]) -> dict:
     """HHEM: HHEM-2.1-Open's computation (a T5 token classifier over its prompt, the softmax of
     the first token's two logits, label 1 "consistent"), exported with the torch.onnx.export
-    call of pipelines/text.md."""
+    call of pipelines/tasks/text.md."""
     import torch
     from transformers import T5Config, T5ForTokenClassification, T5TokenizerFast
 

@@ -17,7 +17,7 @@ from evalbeam.schemas.retrieval_rows import read_qrels, read_run
 
 
 def run_retrieval(*args) -> int:
-    from evalbeam.pipelines.retrieval import run
+    from evalbeam.pipelines.tasks.retrieval import run
 
     return run([str(a) for a in args])
 
@@ -365,8 +365,10 @@ def test_a_file_of_another_task_names_its_command(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from evalbeam.pipelines.retrieval import check_source
+    from evalbeam.pipelines.tasks.retrieval import TASK
     from evalbeam.transforms.io import InputError, Source
+
+    check_source = TASK.check_source
 
     write_jsonl(tmp_path / "gt.jsonl", [{"datum_uid": "a", "labels": {"digit": "1"}}])
     write_jsonl(tmp_path / "det.jsonl", [{"datum_uid": "a", "annotations": []}])
@@ -586,8 +588,10 @@ def test_a_file_without_rows_at_its_start_is_refused_with_what_it_holds(tmp_path
     a row of its kind (a run given as qrels, a file of only bad rows), a TREC file none of whose
     lines has the right field count; a TREC file whose first line is bad but whose next is a
     row passes (the bad line is rejected when the file is read)."""
-    from evalbeam.pipelines.retrieval import check_source
+    from evalbeam.pipelines.tasks.retrieval import TASK
     from evalbeam.transforms.io import InputError, Source
+
+    check_source = TASK.check_source
 
     def message(name, path):
         with pytest.raises(InputError) as error:
@@ -598,11 +602,11 @@ def test_a_file_without_rows_at_its_start_is_refused_with_what_it_holds(tmp_path
     assert message("groundtruths", tmp_path / "run.jsonl") == (
         "FILE (given for groundtruths) holds no qrels rows: none of its 2 non-blank lines is a JSON "
         "object with ['query_id', 'doc_id', 'relevance'] (the first: malformed JSON: Unterminated "
-        "string starting at: line 1 column 2 (char 1)); see the README for the formats.")
+        "string starting at: line 1 column 2 (char 1)); see pipelines/tasks/retrieval.md for the formats.")
     write_jsonl(tmp_path / "lone.jsonl", [BAD_ROWS["surrogate"][0] % "score"])
     assert message("m", tmp_path / "lone.jsonl") == (
         "FILE (given for m) holds no run rows: its only non-blank line is not a JSON object with "
-        f"['query_id', 'doc_id', 'score'] ({SURROGATE}); see the README for the formats.")
+        f"['query_id', 'doc_id', 'score'] ({SURROGATE}); see pipelines/tasks/retrieval.md for the formats.")
     write_jsonl(tmp_path / "lists.jsonl", [[1, 2]] * 150)
     assert "none of its first 100 non-blank lines is a JSON object with ['query_id', 'doc_id', " \
            "'score'] (the first: not a JSON object)" in message("m", tmp_path / "lists.jsonl")

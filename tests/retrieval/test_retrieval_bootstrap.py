@@ -156,7 +156,7 @@ def test_replicate_sums_are_exact_and_merge_in_any_split(seed):
 
 
 def run_retrieval(*args) -> int:
-    from evalbeam.pipelines.retrieval import run
+    from evalbeam.pipelines.tasks.retrieval import run
 
     return run([str(a) for a in args])
 
@@ -240,7 +240,7 @@ def test_rows_api_gives_the_command_records_and_comparisons(tmp_path):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.pipelines.launch.common import local_pipeline
     from evalbeam.transforms.retrieval import EvaluateRetrieval
 
     write_case(tmp_path, 6)

@@ -10,7 +10,7 @@ import pytest
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 
 def run_retrieval(*args) -> int:
-    from evalbeam.pipelines.retrieval import run
+    from evalbeam.pipelines.tasks.retrieval import run
 
     return run([str(a) for a in args])
 

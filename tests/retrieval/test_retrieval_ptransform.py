@@ -13,7 +13,7 @@ import apache_beam as beam
 import pytest
 
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.transforms.kernels.retrieval import RetrievalConfig
 from evalbeam.transforms.retrieval import EvaluateRetrieval, record_sort_key
 
@@ -65,7 +65,7 @@ def make_rows(seed: int) -> dict[str, list[str]]:
 
 def run_command(tmp_path, lines: dict, options: list[str]) -> tuple[list[str], dict, list[dict]]:
     """(metrics.jsonl lines, run.json counts, rejected rows) of the command on the rows."""
-    from evalbeam.pipelines.retrieval import run
+    from evalbeam.pipelines.tasks.retrieval import run
 
     paths = {name: write_jsonl(tmp_path / "in" / f"{name}.jsonl", rows) for name, rows in lines.items()}
     args = ["--groundtruths", paths["groundtruths"], "--output", tmp_path / "cli", "--quiet",
@@ -91,7 +91,7 @@ def run_ptransform(tmp_path, inputs: dict, config: RetrievalConfig, beam_args: l
 
     with local_pipeline(beam_args) as p:
         pcolls = {name: p | f"Create[{name}]" >> beam.Create(rows) for name, rows in inputs.items()}
-        records, rejects, stats = pcolls | EvaluateRetrieval(config, slices=SLICES, num_shards=5,
+        records, rejects, stats, _ = pcolls | EvaluateRetrieval(config, slices=SLICES, num_shards=5,
                                                              batch_size=7, with_diagnostics=True)
         _ = records | "Records" >> beam.combiners.ToList() | "SaveRecords" >> beam.Map(save, "records.json")
         _ = rejects | "Rejects" >> beam.combiners.ToList() | "SaveRejects" >> beam.Map(save, "rejects.json")

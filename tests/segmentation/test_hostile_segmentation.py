@@ -31,7 +31,7 @@ HUGE = 1_000_000           # a claimed side: 10^12 pixels, far beyond any memory
 
 
 def run_segmentation(*args) -> int:
-    from evalbeam.pipelines.segmentation import run
+    from evalbeam.pipelines.tasks.segmentation import run
 
     return run([str(a) for a in args])
 

@@ -12,7 +12,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from sklearn.metrics import confusion_matrix
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
 from evalbeam.transforms.kernels.segmentation import (IGNORED, UNLABELED, UnknownIds, pixel_confusion,
                                              segmentation_metrics)
@@ -21,7 +21,7 @@ LABELS = ["building", "car", "road", "sky", "tree"]
 
 
 def run_segmentation(*args) -> int:
-    from evalbeam.pipelines.segmentation import run
+    from evalbeam.pipelines.tasks.segmentation import run
 
     return run([str(a) for a in args])
 
@@ -416,9 +416,9 @@ def test_ptransform_in_a_users_pipeline(tmp_path):
     expected = brute_force(maps, "good")
 
     with local_pipeline() as p:
-        records, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
-                                 "good": p | "P" >> beam.Create(pd_rows)}
-                                | EvaluateSegmentation(with_diagnostics=True))
+        records, rejected, _, _ = ({"groundtruths": p | "G" >> beam.Create(gt_rows),
+                                    "good": p | "P" >> beam.Create(pd_rows)}
+                                   | EvaluateSegmentation(with_diagnostics=True))
 
         def has_expected_miou(found):
             miou = [r["value"] for r in found if r["type"] == "mIOU"]

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from sklearn.metrics import confusion_matrix
 
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 from evalbeam.schemas.hashing import fnv1a_64
 from evalbeam.transforms.kernels.bootstrap import REPLICATES, Bootstrap
 from evalbeam.transforms.kernels.segmentation import (IGNORED, UNLABELED, SegmentationState,
@@ -156,7 +156,7 @@ def test_datum_without_counted_pixels_and_no_bootstrap():
 
 
 def run_segmentation(*args) -> int:
-    from evalbeam.pipelines.segmentation import run
+    from evalbeam.pipelines.tasks.segmentation import run
 
     return run([str(a) for a in args])
 

@@ -79,7 +79,7 @@ def write_manifest(folder: Path, bootstrap=100, extra="") -> str:
 
 
 def sweep(args) -> int:
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     return run([str(a) for a in args])
 
@@ -194,9 +194,10 @@ def test_sweep_reads_every_input_file_once(data, tmp_path, monkeypatch):
     """A dataset's cells with equal options are one graph that reads its files together; a
     cell with options of its own is a graph of its own, and the ground truth it shares with
     the others is read once for both (transforms.io.ReadFiles under share_reads)."""
-    from evalbeam.pipelines.common import local_pipeline
-    from evalbeam.pipelines.sweep import _add_cells, plan_cells
-    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.pipelines.launch.common import local_pipeline
+    from evalbeam.pipelines.sweep.plan import plan_cells
+    from evalbeam.pipelines.sweep.running import _add_cells
+    from evalbeam.pipelines.sweep.manifest import load
     from evalbeam.transforms.io import ReadFiles
 
     import argparse
@@ -289,17 +290,17 @@ elif point == "leaderboard_moved":  # killed just after leaderboard.jsonl is mov
 
     FileSystems.rename = rename
 elif point == "all_moved":          # every file in place, killed before sweep.json's status
-    from evalbeam.pipelines import sweep
+    from evalbeam.pipelines.sweep import folder
 
-    real_write = sweep.write_sweep_json
+    real_write = folder.write_sweep_json
 
     def write(output, info):
         if info["status"] != "running":
             os._exit(9)
         real_write(output, info)
 
-    sweep.write_sweep_json = write
-from evalbeam.pipelines.sweep import run
+    folder.write_sweep_json = write
+from evalbeam.pipelines.sweep.command import run
 
 sys.exit(run(argv))
 """
@@ -447,14 +448,14 @@ def test_dry_run_lists_cells_and_writes_nothing(data, finished, tmp_path, capsys
 
 
 def test_models_of_one_graph_do_not_change_each_other(tmp_path):
-    """Cells of a dataset run as one multi-model graph (pipelines/sweep_cells.py): a model that
+    """Cells of a dataset run as one multi-model graph (pipelines/sweep/cells.py): a model that
     predicts values and a key no other model (nor the ground truth) has must change none of the
     other cells' records, intervals or problems; each cell still equals its run alone."""
     import argparse
 
-    from evalbeam.pipelines.sweep import plan_cells
-    from evalbeam.pipelines.sweep_cells import groups_of
-    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.pipelines.sweep.plan import plan_cells
+    from evalbeam.pipelines.sweep.cells import groups_of
+    from evalbeam.pipelines.sweep.manifest import load
 
     rng = random.Random(7)
     truth = [rng.choice(LABELS) for _ in range(150)]
@@ -579,9 +580,9 @@ def test_datasets_in_one_graph_equal_their_runs_alone(overlapping):
     equals its run alone: records, intervals, rejections, problems and counts."""
     import argparse
 
-    from evalbeam.pipelines.sweep import plan_cells
-    from evalbeam.pipelines.sweep_cells import groups_of
-    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.pipelines.sweep.plan import plan_cells
+    from evalbeam.pipelines.sweep.cells import groups_of
+    from evalbeam.pipelines.sweep.manifest import load
 
     folder, manifest, out = overlapping
     plans = plan_cells(load(str(manifest)), str(folder / "plan"), [], argparse.Namespace(num_shards=None),

@@ -32,7 +32,7 @@ def root(tmp_path) -> Path:
 
 
 def sweep_fails(root: Path, text: str, capsys, validate: bool = False) -> str:
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     manifest = root / "sweep.toml"
     manifest.write_text(text)
@@ -46,7 +46,7 @@ def sweep_fails(root: Path, text: str, capsys, validate: bool = False) -> str:
 
 
 def test_good_manifest_validates(root, capsys):
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     manifest = root / "sweep.toml"
     manifest.write_text(GOOD.format(root=root))
@@ -121,7 +121,7 @@ def test_names_that_are_not_one_plain_folder_are_refused(root, capsys, dataset, 
     wrote a cell's metrics.jsonl and run.json into the folder above --output; names Windows
     cannot create or folds into another (CON, nul.txt, 'alpha.') and a trailing newline (which
     the old pattern's '$' let through) passed validate before."""
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     text = f"""
 [[dataset]]
@@ -146,7 +146,7 @@ predictions = "{root}/alpha/resnet.jsonl"
 
 
 def test_the_name_rule_on_every_os_and_object_store():
-    from evalbeam.pipelines.sweep_manifest import name_problem
+    from evalbeam.pipelines.sweep.manifest import name_problem
 
     for good in ("alpha", "resnet-50", "v1.2", "a..b", "console", "COM10", "LPT", "nul_x", "CONx.txt",
                  "auxiliary", "_x", "x-"):
@@ -166,7 +166,7 @@ def test_judge_table_is_checked_without_text_cells(root, capsys, validate):
     """[judge] went to text cells only, so in a sweep without one it was never checked:
     bogus_key = 1 passed. Its keys (the text task's --judge_NAME options) and the shape of their
     values are checked whatever the cells, each problem naming its line."""
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     good = '[judge]\nurl = "http://127.0.0.1:9/v1"\nrpm = 60\nskip_check = true\n'
     manifest = root / "sweep.toml"
@@ -197,7 +197,7 @@ def test_a_cell_error_names_the_cell_once(root, capsys):
 def test_foreign_files_in_a_cell_folder_say_what_the_sweep_accepts(root, capsys):
     """A cell folder holding a file evalbeam did not write was refused with "pass --overwrite",
     an option the sweep refuses; --force does not replace such a file either."""
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     manifest = root / "sweep.toml"
     manifest.write_text(GOOD.format(root=root))
@@ -229,7 +229,7 @@ def test_not_toml(root, capsys):
 
 
 def test_missing_manifest(tmp_path, capsys):
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     assert run([str(tmp_path / "nope.toml"), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -237,7 +237,7 @@ def test_missing_manifest(tmp_path, capsys):
 
 
 def test_foreign_leaderboard_is_refused(root, capsys):
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     manifest = root / "sweep.toml"
     manifest.write_text(GOOD.format(root=root))
@@ -249,7 +249,7 @@ def test_foreign_leaderboard_is_refused(root, capsys):
 
 
 def test_expansion(root):
-    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.pipelines.sweep.manifest import load
 
     text = f"""
 [[dataset]]
@@ -285,16 +285,16 @@ options = {{ max_examples = 2 }}
         ("alpha/resnet", "resnet.jsonl"), ("alpha/vit", "vit.jsonl"), ("beta/vit", "vit.jsonl")]
     options = {c.id: c.options for c in manifest.cells}
     assert options["alpha/vit"]["max_examples"] == 2 and options["beta/vit"]["max_examples"] == 0
-    from evalbeam.pipelines.launcher import build_parser
-    from evalbeam.pipelines.registry import spec_of
-    from evalbeam.pipelines.sweep_manifest import option_args
+    from evalbeam.pipelines.launch.launcher import build_parser
+    from evalbeam.pipelines.tasks.registry import task_of
+    from evalbeam.pipelines.sweep.manifest import option_args
 
-    args = option_args(options["alpha/resnet"], build_parser(spec_of("classification")), "here")
+    args = option_args(options["alpha/resnet"], build_parser(task_of("classification")), "here")
     assert args == ["--slice", "region", "--slice", "region,site", "--no_hardmax"]
 
 
 def test_secrets_stay_out_of_messages_and_sweep_json(root, capsys):
-    from evalbeam.pipelines.sweep import _safe_judge, _safe_url
+    from evalbeam.pipelines.sweep.folder import _safe_judge, _safe_url
 
     text = GOOD.format(root=root).replace('task = "classification"', 'task = "text"')
     text = '[judge]\nurl = "http://127.0.0.1:9/v1"\napi_key = "sk-supersecret"\n' + text

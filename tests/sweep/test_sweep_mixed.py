@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import MULTIPROCESS, ROOT, read_jsonl, write_jsonl
-from evalbeam.pipelines.judge_server import StandInServer
+from evalbeam.pipelines.runners.judge_server import StandInServer
 
 INPUTS = ROOT / "tests" / "golden" / "inputs"
 REJECTED = "0.2"   # the sweep's max_rejected_fraction: detection_bbox rejects 5 of 44 rows
@@ -69,17 +69,17 @@ predictions = {{ cls = "{inputs}/classification/model_b.jsonl", det = "{inputs}/
 
 
 def sweep(args) -> int:
-    from evalbeam.pipelines.sweep import run
+    from evalbeam.pipelines.sweep.command import run
 
     return run([str(a) for a in args])
 
 
 def run_alone(task: str, args) -> int:
     """`evalbeam TASK ARGS` in this process (the launcher's entry, as the CLI runs it)."""
-    from evalbeam.pipelines.launcher import run_task
-    from evalbeam.pipelines.registry import spec_of
+    from evalbeam.pipelines.launch.launcher import run_task
+    from evalbeam.pipelines.tasks.registry import task_of
 
-    return run_task(spec_of(task), [str(a) for a in args])
+    return run_task(task_of(task), [str(a) for a in args])
 
 
 def info(out: Path) -> dict:
@@ -134,7 +134,7 @@ def finished(data, judge, tmp_path_factory):
 
 
 def test_every_cell_equals_its_run_alone_and_the_leaderboard_has_every_row(data, finished, judge, tmp_path):
-    from evalbeam.pipelines.leaderboard import DEFAULT_HEADLINES
+    from evalbeam.pipelines.sweep.leaderboard import default_headlines
 
     folder, _ = data
     out, first = finished
@@ -190,7 +190,7 @@ def test_every_cell_equals_its_run_alone_and_the_leaderboard_has_every_row(data,
     for row in rows:
         task = DATASETS[row["dataset"]][0]
         assert row["task"] == task and row["cell"] == f"{row['dataset']}/{row['model']}"
-        specs = DEFAULT_HEADLINES[task]
+        specs = default_headlines(task)
         named = {next((s for s in specs if c == s or c.startswith(s + "{")), None) for c in row["metrics"]}
         assert None not in named, (row["dataset"], sorted(row["metrics"]))
         if row["slice"] == {}:
@@ -279,8 +279,8 @@ def test_judge_limits_of_a_multi_process_sweep_are_shared_by_its_workers(data, t
     import argparse
     import time
 
-    from evalbeam.pipelines.sweep import plan_cells
-    from evalbeam.pipelines.sweep_manifest import load
+    from evalbeam.pipelines.sweep.plan import plan_cells
+    from evalbeam.pipelines.sweep.manifest import load
 
     _, manifest = data
     plans = plan_cells(load(str(manifest)), str(tmp_path / "out"), list(MULTIPROCESS),

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from helpers import MULTIPROCESS, read_jsonl, run_cli_subprocess, write_jsonl
-from evalbeam.pipelines.judge_server import StandInServer
+from evalbeam.pipelines.runners.judge_server import StandInServer
 
 KEY = "sk-evalbeam-hostile-SECRET-42"
 DEEP = "[" * 2000 + "]" * 2000
@@ -23,7 +23,7 @@ LONE = "hi \\ud800 there"            # a JSON escape of a lone surrogate, as it 
 
 
 def run_text(*args) -> int:
-    from evalbeam.pipelines.text import run
+    from evalbeam.pipelines.tasks.text import run
 
     return run([str(a) for a in args])
 
@@ -101,7 +101,7 @@ def test_rows_of_a_users_pipeline_with_lone_surrogates_or_nan_slices_are_rejecte
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
-    from evalbeam.pipelines.common import local_pipeline
+    from evalbeam.pipelines.launch.common import local_pipeline
     from evalbeam.transforms.io import TAG_REJECTED
     from evalbeam.transforms.kernels.text import TextConfig
     from evalbeam.transforms.text import EvaluateText, TextRowsFromDicts
@@ -123,7 +123,7 @@ def test_rows_of_a_users_pipeline_with_lone_surrogates_or_nan_slices_are_rejecte
         gt = p | "G" >> beam.Create([{"datum_uid": "a", "references": ["x"], "metadata": {"k": "v"}},
                                      {"datum_uid": "b", "references": ["x"], "metadata": {"k": float("nan")}}])
         preds = p | "M" >> beam.Create([{"datum_uid": "a", "response": "x"}, {"datum_uid": "b", "response": "x"}])
-        records, _, rejects, _ = ({"groundtruths": gt, "m": preds}
+        records, rejects, _, _ = ({"groundtruths": gt, "m": preds}
                                   | EvaluateText(config, slices=[("k",)], with_diagnostics=True))
         assert_that(rejects | beam.Map(lambda r: (r["source"], r.get("datum_uid"), r["reason"][:16])),
                     equal_to([("groundtruths", "b", "metadata 'k' is "), ("m", "b", "no valid ground ")]),
@@ -200,7 +200,7 @@ def text_data(tmp_path):
 
 def test_judge_endpoint_and_key_are_checked_before_anything_is_written(tmp_path, text_data, monkeypatch,
                                                                         capsys):
-    import evalbeam.pipelines.judge_options as judge_options
+    import evalbeam.pipelines.tasks.judge_options as judge_options
 
     gt, preds = text_data
     monkeypatch.setenv("EVALBEAM_HOSTILE_KEY", KEY)

@@ -9,15 +9,15 @@ import os
 import pytest
 
 from helpers import MULTIPROCESS, read_jsonl
-from evalbeam.pipelines.judge_server import StandInServer
-from evalbeam.pipelines.synthetic_rag import write_rag_dataset
+from evalbeam.pipelines.runners.judge_server import StandInServer
+from evalbeam.pipelines.demo.synthetic_rag import write_rag_dataset
 
 KEY = "sk-evalbeam-test-SECRET-0123456789"
 TRANSIENT = ("429", "500", "503", "reset")
 
 
 def run_text(*args) -> int:
-    from evalbeam.pipelines.text import run
+    from evalbeam.pipelines.tasks.text import run
 
     return run([str(a) for a in args])
 
@@ -183,7 +183,7 @@ def test_convention_options_are_checked(tmp_path, capsys, option, text, message)
 
 
 def test_optional_numbers():
-    from evalbeam.pipelines.common import UsageError, parse_optional_number
+    from evalbeam.pipelines.launch.common import UsageError, parse_optional_number
 
     assert parse_optional_number("none", "--x", float, 0.0, 1.0) is None
     assert parse_optional_number("NaN", "--x", float, 0.0, 1.0) is None

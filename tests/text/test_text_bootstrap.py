@@ -31,7 +31,7 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
 def run_text(*args) -> int:
-    from evalbeam.pipelines.text import run
+    from evalbeam.pipelines.tasks.text import run
 
     return run([str(a) for a in args])
 
@@ -282,13 +282,15 @@ def test_judge_metric_replicates_are_weighted_means_over_the_ok_datums():
 def test_rule_outcomes_and_presence_for_the_paired_comparisons():
     """MatchText's tagged outputs when comparing: presence per slice and source, and per rule
     evaluator the pass/fail of each datum its rate counts."""
+    from evalbeam.transforms.graph import MatchContext
     from evalbeam.transforms.text import TAG_OUTCOMES, TAG_PRESENCE, MatchText
 
     datums = make_datums(7, 30)
     truths = [t for t, _ in datums]
     preds = [p for _, p in datums if p is not None]
     config = TextConfig(metrics=frozenset({"BLEU", "TextMatching", "PIILeakage"}))
-    fn = MatchText(["a", "b"], [("g",)], config, {}, None, True, 0.0, Bootstrap(4, 0.95, 0), "a")
+    fn = MatchText(config, MatchContext(("a", "b"), (("g",),), bootstrap=Bootstrap(4, 0.95, 0),
+                                        compare=True, presence=True))
     fn.setup()
     fn.start_bundle()
     out = list(fn.process((0, [("groundtruths", truths), ("a", preds), ("b", preds[::2])])))
@@ -310,7 +312,7 @@ def test_rule_outcomes_and_presence_for_the_paired_comparisons():
     counts = states[("b", "{}")].rules["TextMatching"].counts
     assert int(passed.sum()) == counts.passed and passed.size == counts.cases
     # no compare_to: neither output
-    fn = MatchText(["a"], [], config, {}, None, True, 0.0, Bootstrap(4, 0.95, 0), None)
+    fn = MatchText(config, MatchContext(("a",), (), bootstrap=Bootstrap(4, 0.95, 0)))
     fn.setup()
     fn.start_bundle()
     assert not [x for x in fn.process((0, [("groundtruths", truths), ("a", preds)])) if hasattr(x, "tag")
@@ -422,8 +424,8 @@ def test_cli_judge_metric_intervals_with_the_stand_in_endpoint(tmp_path):
     """Judge metrics: the interval is the percentile of the replicate means over the datums
     scored ok (recomputed from scores.jsonl and the weights); a verdict metric (Sexism) is a
     share of datums and gets its Wilson interval; failures and not_applicable stay counted."""
-    from evalbeam.pipelines.judge_server import StandInServer
-    from evalbeam.pipelines.synthetic_rag import write_rag_dataset
+    from evalbeam.pipelines.runners.judge_server import StandInServer
+    from evalbeam.pipelines.demo.synthetic_rag import write_rag_dataset
     from evalbeam.transforms.kernels.bootstrap import percentile_interval, wilson_interval
 
     data = write_rag_dataset(str(tmp_path / "data"), 80, seed=2, models=("alpha",))

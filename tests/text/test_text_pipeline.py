@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from helpers import MULTIPROCESS, read_jsonl, write_jsonl
-from evalbeam.pipelines.common import local_pipeline
+from evalbeam.pipelines.launch.common import local_pipeline
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "café", "naïve", "東京",
          "revenue", "was", "15,969", "million", "$100", "3.14", "don't"]
 
 
 def run_text(*args) -> int:
-    from evalbeam.pipelines.text import run
+    from evalbeam.pipelines.tasks.text import run
 
     return run([str(a) for a in args])
 
@@ -172,9 +172,10 @@ def test_ptransform_in_a_users_pipeline():
     rouge, bleu, _ = expected_means(gt, predictions["good"])
     config = TextConfig(metrics=frozenset({"ROUGE", "BLEU"}))
     with local_pipeline() as p:
-        records, scores, rejected, _ = ({"groundtruths": p | "G" >> beam.Create(gt),
-                                         "good": p | "M" >> beam.Create(predictions["good"])}
-                                        | EvaluateText(config, with_diagnostics=True))
+        records, rejected, _, extra = ({"groundtruths": p | "G" >> beam.Create(gt),
+                                        "good": p | "M" >> beam.Create(predictions["good"])}
+                                       | EvaluateText(config, with_diagnostics=True))
+        scores = extra["scores"]
 
         def check(found):
             values = {(r["type"], r["parameters"].get("rouge_type")): r["value"] for r in found}

@@ -204,7 +204,15 @@ def extract_json_object(text: str) -> typing.Any:
 
 
 class JudgeClient:
-    """See the module docstring for the rules. Use as an async context manager."""
+    """See the module docstring for the rules. Use as an async context manager.
+
+    Its settings, each used as the module docstring says: the endpoint (url, api_key); its
+    limits (rpm, tpm, concurrency; or a shared `limiter`, window_s scaling the limiter's minute
+    down in tests); its time (timeout_s per attempt, deadline_s per call); its retries
+    (max_attempts, backoff_base_s, backoff_max_s, max_retry_after_s); and on_response. They are
+    flat keywords with defaults that suit a hosted endpoint, so that a caller names only what it
+    changes (the session: the limits and times of its worker's share; tests: timings of
+    milliseconds), as aiohttp's own client settings are; the ones after `*` are keyword-only."""
 
     def __init__(self, url: str, api_key: str | None, rpm: int = 60, tpm: int = 100_000,
                  concurrency: int = 8, timeout_s: float = 60.0, deadline_s: float = 300.0,
@@ -451,7 +459,7 @@ class JudgeClient:
         try:
             # Once the call has started, waiting for a slot counts against its deadline: a retry
             # queued behind other calls' slow attempts would otherwise overrun it by up to
-            # timeout_s (the judge's 300 s deadline overran to 365 s that way).
+            # timeout_s.
             await asyncio.wait_for(self._semaphore.acquire(), remaining)
         except asyncio.TimeoutError:
             raise _Transient(rq.TIMEOUT, "deadline passed waiting for a free request slot",

@@ -16,7 +16,8 @@ import asyncio
 import json
 import typing
 
-from evalbeam.transforms.judge.metrics import Datum, metric_programs, parameters_of, score_metric
+from evalbeam.transforms.judge.metrics import metric_programs, parameters_of
+from evalbeam.transforms.judge.program import Datum, score_metric
 from evalbeam.transforms.kernels.judge_state import JudgeMetricState
 
 

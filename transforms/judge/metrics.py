@@ -1,16 +1,11 @@
-"""LLM-judge and embedding metrics of one datum: async programs over a JudgeSession.
+"""The LLM-judge metrics of one datum, and the catalogue of every judge-engine metric.
 
-Each metric is an async function (judge, datum, config) -> Score. It asks the judge through
-`Judge.ask(template, values)` (one chat request from a versioned template, see templates.py)
-and `Judge.embed(text)` (one /embeddings request), and does its arithmetic with the pure kernels
-of transforms/kernels/judge_scores.py. A call that does not end "ok" raises `Failed`, which the
-runner turns into the datum's status (the datum is counted, never averaged as a number); a
-missing required input gives "not_applicable". Requests shared by several metrics (the
-statements of an answer serve AnswerCorrectness, AnswerRelevance, Faithfulness and RAGAS) are
-sent once: the session serves them from the journal or from the request in flight.
-
-Inputs of a datum: question (ground truth "query"), references (ground truth "references"),
-response and contexts (prediction). None = absent; an empty list is present but empty.
+Each metric is a program (transforms/judge/program.py: an async function (judge, datum,
+config) -> Score): it asks the judge through `Judge.ask(template, values)` (one chat request
+from a versioned template, see templates.py) and does its arithmetic with the pure kernels of
+transforms/kernels/judge_scores.py. The metrics that ask a model instead (embeddings,
+log-likelihoods, classifiers) are in transforms/judge/model_metrics.py; the catalogue below
+(PROGRAMS, JUDGE_METRICS, metric_programs, parameters_of) names them all.
 
 Conventions (one per metric; the configurable ones are JudgeMetricConfig fields):
   AnswerCorrectness   F1 = tp / (tp + (fp + fn) / 2) per reference, max over references; tp = 0
@@ -45,172 +40,20 @@ Conventions (one per metric; the configurable ones are JudgeMetricConfig fields)
   BYOP               a user's template: pass_fail -> 1 for pass; numeric -> the score.
   RAGAS              harmonic mean of Faithfulness, AnswerRelevance, ContextPrecision and
                       ContextRecall (0 if any is 0; any component not ok -> its status).
-  AnswerSemanticSimilarity   cos(emb(response), emb(reference)), max over references.
-  AnswerRelevanceSimilarity  max over the answer's sentences of cos(emb(question), emb(sentence)).
-  GroundednessSimilarity     min over answer sentences of max over context sentences of the cosine.
-  ContextRecallSimilarity / ContextPrecisionSimilarity   per context, the max over its sentences
-                      of cos(emb(question), emb(sentence)); then max (recall) or mean (precision).
-  Perplexity         exp of the average negative log-likelihood of the response's tokens under
-                      the completions model (config.lm_model; `Judge.logprobs`): >= 1, lower is
-                      better; a response of fewer than two tokens is not_applicable. The whole
-                      response in one request (no sliding window: it must fit the model's context).
-  ToxicityClassifier one record per label of the model (config.json): the label's probability,
-                      max over the response's sentences (detoxify's way); an answer without a
-                      sentence is 0. Lower is better.
-  FairnessBias       the probability of the model's bias label ("Biased"/"Bias" by name, else
-                      label 1) for the response (first 512 tokens). Lower is better.
-  HHEM               factual consistency of the response with a context, max over contexts:
-                      the sigmoid of a one-output pair classifier, else the probability of the
-                      label "consistent" (by name), else of label 1. Higher is better;
-                      no contexts field or [] -> not_applicable.
-  BERTScore          one record per component (precision, recall, f1): greedy cosine matching
-                      of the response's and a reference's token embeddings from the encoder
-                      (kernels/bertscore.py: special tokens matched, not averaged, as in
-                      bert-score), max over references per component; optionally
-                      idf-weighted (the dataset's references' idf, Judge.idf) and rescaled
-                      with the model's baseline. No references -> not_applicable.
-  GPTScore<form>     one record per aspect (transforms/judge/gptscore.py): the average negative
-                      log-likelihood of the target's tokens after the aspect's prompt, lower is
-                      better; the reference forms average both directions and take the best
-                      (lowest) reference.
+The conventions of the model metrics are in transforms/judge/model_metrics.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
-
 from evalbeam.transforms.judge import gptscore
-from evalbeam.transforms.judge.requests import (INVALID_OUTPUT, JudgeRequest, classify_request,
-                                                embedding_request, logprob_request,
-                                                token_vectors_request)
-from evalbeam.transforms.judge.session import DRY_RUN
+from evalbeam.transforms.judge.model_metrics import (answer_relevance_similarity,
+                                                     answer_semantic_similarity, classifier_programs,
+                                                     context_precision_similarity,
+                                                     context_recall_similarity, gptscore_program,
+                                                     groundedness_similarity, perplexity)
+from evalbeam.transforms.judge.program import (Datum, Failed, Judge, JudgeMetricConfig,
+                                               NotApplicable, Score, all_of, need, outcome)
 from evalbeam.transforms.kernels import judge_scores as ks
-from evalbeam.transforms.kernels import bertscore as bs
-from evalbeam.transforms.kernels import log_likelihood as ll
-
-
-@dataclass(frozen=True)
-class JudgeMetricConfig:
-    model: str
-    embedding_model: str = "text-embedding-3-small"
-    lm_model: str = "gpt2-medium"                # completions model of the log-likelihood metrics
-    temperature: float = 0.0
-    seed: int | None = None
-    top_logprobs: int = 5
-    similarity_weight: float = 0.0               # AnswerCorrectness blend (RAGAS: 0.25)
-    both_empty: float | None = 1.0               # AnswerCorrectness without statements (RAGAS)
-    no_statements_relevance: float | None = 1.0  # AnswerRelevance without statements (DeepEval)
-    no_claims_faithfulness: float | None = None  # Faithfulness without claims (RAGAS: NaN)
-    byop: tuple = ()                             # Templates from users' files (templates.load_byop)
-    # (metric, model folder, its label names) of the classifier metrics (local_classifier.py)
-    # and of BERTScore (local_encoder.py; no labels)
-    classifiers: tuple = ()
-    bertscore_baseline: tuple | None = None      # (P, R, F) baselines: rescaled BERTScore
-    bertscore_idf: bool = False                  # idf-weighted BERTScore (the references' idf)
-
-
-@dataclass
-class Datum:
-    question: str | None
-    references: list | None
-    response: str | None
-    contexts: list | None
-
-
-@dataclass
-class Score:
-    value: float | None
-    status: str = "ok"
-    details: dict = field(default_factory=dict)
-
-
-class Failed(Exception):
-    """A judge call that did not end ok, or an answer that does not fit: ends the metric."""
-
-    def __init__(self, status: str, message: str = ""):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class NotApplicable(Exception):
-    """A required input of the metric is absent for this datum."""
-
-
-class Judge:
-    """What a metric program may ask, bound to one session and one metric name."""
-
-    def __init__(self, session, config: JudgeMetricConfig, metric: str, idf=None):
-        self.session = session
-        self.config = config
-        self.metric = metric
-        self.dry = False
-        # (documents, {token id: df}) of the dataset's references, with --bertscore_idf
-        self.idf = idf
-
-    def _template(self, template):
-        from evalbeam.transforms.judge.templates import load_template
-
-        return load_template(template) if isinstance(template, str) else template
-
-    async def ask(self, template, values: dict, logprobs: int | None = None) -> dict:
-        """The record of one chat request; raises Failed unless ok (or a dry run)."""
-        from evalbeam.transforms.judge.templates import render_messages, request_schema
-
-        t = self._template(template)
-        request = JudgeRequest(model=self.config.model, messages=render_messages(t, values),
-                               temperature=self.config.temperature, seed=self.config.seed,
-                               max_tokens=t.max_tokens, response_schema=request_schema(t, values),
-                               template=t.name, template_version=t.version, logprobs=logprobs)
-        return self._checked(await self.session.call(request, self.metric))
-
-    async def embed(self, text: str) -> list:
-        record = self._checked(await self.session.call(
-            embedding_request(self.config.embedding_model, text), self.metric))
-        return record["content"]
-
-    async def logprobs(self, prompt: str) -> dict:
-        """The prompt's tokens, their log-probabilities and offsets under config.lm_model (one
-        /completions request with echo; requests.logprob_request)."""
-        record = self._checked(await self.session.call(
-            logprob_request(self.config.lm_model, prompt), self.metric))
-        return record["content"]
-
-    async def classify(self, model: str, text: str, pair: str | None = None) -> dict:
-        """{"labels", "probabilities"} of a classifier on the workers (requests.classify_request)."""
-        record = self._checked(await self.session.call(classify_request(model, text, pair), self.metric))
-        return record["content"]
-
-    async def token_vectors(self, model: str, text: str) -> dict:
-        """{"vectors": float[n, H], "ids": int[n], "special": bool[n]} of the text's tokens,
-        the special ones marked (local_encoder.py)."""
-        record = self._checked(await self.session.call(token_vectors_request(model, text), self.metric))
-        return record["content"]
-
-    def _checked(self, record: dict) -> dict:
-        status = record.get("status")
-        if status == DRY_RUN:
-            self.dry = True
-        elif status != "ok":
-            raise Failed(status, record.get("error") or "")
-        return record
-
-
-async def all_of(*awaitables) -> list:
-    """Like asyncio.gather, but every awaitable runs to its end and the first exception in
-    argument order (not in time) is raised: a datum's status does not depend on timing."""
-    results = await asyncio.gather(*awaitables, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return list(results)
-
-
-def need(value, what: str):
-    if value is None:
-        raise NotApplicable(what)
-    return value
 
 
 def _items(record: dict, key: str, count: int | None = None) -> list:
@@ -383,8 +226,7 @@ async def _share_of_contexts(j: Judge, template: str, contexts: list, inputs) ->
 
 async def context_relevance(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
     question = need(d.question, "question")
-    contexts = need(d.contexts, "contexts")
-    return await _share_of_contexts(j, "context_relevance_verdict", contexts,
+    return await _share_of_contexts(j, "context_relevance_verdict", need(d.contexts, "contexts"),
                                     lambda ctx: {"question": question, "context": ctx})
 
 
@@ -405,8 +247,7 @@ async def faithfulness(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
 
 
 async def hallucination(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    contexts = need(d.contexts, "contexts")
-    response = need(d.response, "response")
+    contexts, response = need(d.contexts, "contexts"), need(d.response, "response")
     return await _share_of_contexts(j, "hallucination_verdict", contexts,
                                     lambda ctx: {"context": ctx, "text": response})
 
@@ -548,7 +389,7 @@ async def ragas(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
         need(value, what)
     if not d.references:
         raise NotApplicable("references")
-    parts = await all_of(*(_component(program, j, d, c) for program in
+    parts = await all_of(*(outcome(program, j, d, c) for program in
                            (faithfulness, answer_relevance, context_precision, context_recall)))
     names = ("faithfulness", "answer_relevance", "context_precision", "context_recall")
     details = {name: score.value for name, score in zip(names, parts)}
@@ -556,204 +397,6 @@ async def ragas(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
         if score.status != "ok":
             return Score(None, score.status, details)
     return Score(_valid(ks.harmonic_mean([s.value for s in parts]), "components"), details=details)
-
-
-async def _component(program, j, d, c) -> Score:
-    try:
-        return await program(j, d, c)
-    except Failed as failure:
-        return Score(None, failure.status, {"error": failure.message})
-    except NotApplicable as missing:
-        return Score(None, "not_applicable", {"missing": str(missing)})
-
-
-# ---------------------------------------------------------------- embedding metrics
-
-async def _vectors(j: Judge, texts: list[str]) -> list:
-    return list(await all_of(*(j.embed(t) for t in texts)))
-
-
-def _similarity(value, what: str) -> Score:
-    return Score(value, "ok" if value is not None else "no_statements", {"empty": what} if value is None else {})
-
-
-async def answer_semantic_similarity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    references = need(d.references, "references")
-    if not references:
-        raise NotApplicable("references")
-    response, *refs = await _vectors(j, [need(d.response, "response"), *references])
-    return _similarity(ks.answer_similarity(response, refs), "vectors")
-
-
-async def answer_relevance_similarity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    question = need(d.question, "question")
-    sentences = ks.split_sentences(need(d.response, "response"))
-    query, *vectors = await _vectors(j, [question, *sentences])
-    return _similarity(ks.sentence_relevancy(query, vectors), "answer sentences")
-
-
-async def groundedness_similarity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    contexts = need(d.contexts, "contexts")
-    answer = ks.split_sentences(need(d.response, "response"))
-    context = [s for ctx in contexts for s in ks.split_sentences(ctx)]
-    vectors = await _vectors(j, answer + context)
-    return _similarity(ks.groundedness(vectors[:len(answer)], vectors[len(answer):]), "sentences")
-
-
-async def _chunk_relevancy(j: Judge, d: Datum) -> tuple:
-    question = need(d.question, "question")
-    chunks = [ks.split_sentences(ctx) for ctx in need(d.contexts, "contexts")]
-    query = await j.embed(question)
-    vectors = await all_of(*(_vectors(j, chunk) for chunk in chunks))
-    return ks.context_relevancy(query, list(vectors))
-
-
-async def context_recall_similarity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    return _similarity((await _chunk_relevancy(j, d))[0], "contexts")
-
-
-async def context_precision_similarity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    return _similarity((await _chunk_relevancy(j, d))[1], "contexts")
-
-
-# ---------------------------------------------------------------- log-likelihood metrics
-
-async def perplexity(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-    tokens = await j.logprobs(need(d.response, "response"))
-    value = ll.perplexity(tokens["token_logprobs"])
-    if value is None:
-        raise NotApplicable("a response of two tokens or more")
-    return Score(value)
-
-
-async def _target_nll(j: Judge, prefix: str, target: str) -> float:
-    """ANLL of the target's tokens after the prefix (kernels/log_likelihood.py mean_nll)."""
-    prompt = prefix + target
-    tokens = await j.logprobs(prompt)
-    value = ll.mean_nll(tokens["token_logprobs"], tokens["text_offset"], len(prefix), len(prompt))
-    if value is None:
-        raise Failed(INVALID_OUTPUT, "no log-probability for the scored tokens")
-    return value
-
-
-def gptscore_program(form: str, aspect: str):
-    """The program of one GPTScore form and aspect (transforms/judge/gptscore.py)."""
-
-    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-        response = need(d.response, "response")
-        if form == "GPTScoreQA":
-            return Score(await _target_nll(j, *gptscore.qa_prompt(aspect, need(d.question, "question"), response)))
-        if form == "GPTScoreSummarizationNoReference":
-            return Score(await _target_nll(j, *gptscore.summary_prompt(aspect, need(d.question, "question"),
-                                                                         response)))
-        references = need(d.references, "references")
-        if not references:
-            raise NotApplicable("references")
-        both = await all_of(*(_target_nll(j, *gptscore.rewrite_prompt(form, aspect, a, b))
-                              for reference in references
-                              for a, b in ((reference, response), (response, reference))))
-        return Score(min((both[i] + both[i + 1]) / 2 for i in range(0, len(both), 2)))
-
-    return program
-
-
-LIKELIHOOD_METRICS = ("Perplexity",) + gptscore.FORMS
-
-
-# ---------------------------------------------------------------- classifier metrics
-
-def probability_of(answer: dict, label: str, index: int | None = None) -> float:
-    """The probability of `label` (by name) in a classifier's answer. index None: the label
-    must be there (it was read from the model before the run), else the answer is
-    invalid_output; an index: a model that does not name `label` gives the probability of
-    label `index` instead (the last label when there are fewer; HHEM's rule)."""
-    labels, values = answer["labels"], answer["probabilities"]
-    if label in labels:
-        return float(values[labels.index(label)])
-    if index is None:
-        raise Failed(INVALID_OUTPUT, f"the classifier's answer has no label {label!r} (it names "
-                                     f"{', '.join(map(str, labels[:10]))})")
-    return float(values[min(index, len(values) - 1)])
-
-
-def bias_label(labels) -> str:
-    """The label FairnessBias reports: the one named biased/bias, else label 1 (HF's positive
-    class), else the only one."""
-    named = [name for name in labels if name.lower() in ("biased", "bias")]
-    return named[0] if named else labels[min(1, len(labels) - 1)]
-
-
-def toxicity_program(model: str, label: str):
-    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-        sentences = ks.split_sentences(need(d.response, "response"))
-        if not sentences:
-            return Score(0.0)
-        answers = await all_of(*(j.classify(model, sentence) for sentence in sentences))
-        return Score(max(probability_of(answer, label) for answer in answers))
-
-    return program
-
-
-def fairness_bias_program(model: str, label: str):
-    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-        return Score(probability_of(await j.classify(model, need(d.response, "response")), label))
-
-    return program
-
-
-def hhem_program(model: str):
-    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-        response = need(d.response, "response")
-        contexts = need(d.contexts, "contexts")
-        if not contexts:
-            raise NotApplicable("contexts")
-        answers = await all_of(*(j.classify(model, context, response) for context in contexts))
-        return Score(max(probability_of(answer, "consistent", 1) for answer in answers))
-
-    return program
-
-
-BERTSCORE_COMPONENTS = ("precision", "recall", "f1")
-
-
-def bertscore_program(model: str, component: str):
-    index = BERTSCORE_COMPONENTS.index(component)
-
-    async def program(j: Judge, d: Datum, c: JudgeMetricConfig) -> Score:
-        references = need(d.references, "references")
-        if not references:
-            raise NotApplicable("references")
-        response, *refs = await all_of(*(j.token_vectors(model, text)
-                                         for text in [need(d.response, "response"), *references]))
-
-        def weights(tokens):
-            return None if j.idf is None else bs.idf(tokens["ids"], *j.idf)
-
-        value = bs.best([bs.scores(response["vectors"], ref["vectors"], weights(response), weights(ref),
-                                   response["special"], ref["special"]) for ref in refs])[index]
-        if c.bertscore_baseline is not None:
-            value = bs.rescale(value, c.bertscore_baseline[index])
-        return Score(value)
-
-    return program
-
-
-CLASSIFIER_METRICS = ("ToxicityClassifier", "FairnessBias", "HHEM", "BERTScore")
-
-
-def classifier_programs(name: str, config: JudgeMetricConfig) -> list[tuple[str, dict, object]]:
-    """[(record type, parameters, program)] of one classifier metric: ToxicityClassifier one
-    per label of its model."""
-    model, labels = next((uri, tuple(labels)) for metric, uri, labels in config.classifiers if metric == name)
-    if name == "ToxicityClassifier":
-        return [(name, {"label": label}, toxicity_program(model, label)) for label in labels]
-    if name == "FairnessBias":
-        label = bias_label(labels)
-        return [(name, {"label": label}, fairness_bias_program(model, label))]
-    if name == "BERTScore":
-        return [(name, {"component": component}, bertscore_program(model, component))
-                for component in BERTSCORE_COMPONENTS]
-    return [(name, {}, hhem_program(model))]
 
 
 # ---------------------------------------------------------------- the catalogue
@@ -785,6 +428,8 @@ PROGRAMS = {
     "ContextPrecisionSimilarity": context_precision_similarity,
     "Perplexity": perplexity,
 }
+LIKELIHOOD_METRICS = ("Perplexity",) + gptscore.FORMS
+CLASSIFIER_METRICS = ("ToxicityClassifier", "FairnessBias", "HHEM", "BERTScore")
 JUDGE_METRICS = tuple(PROGRAMS) + gptscore.FORMS + CLASSIFIER_METRICS + ("BYOP",)
 EMBEDDING_METRICS = ("AnswerSemanticSimilarity", "AnswerRelevanceSimilarity", "GroundednessSimilarity",
                      "ContextRecallSimilarity", "ContextPrecisionSimilarity")
@@ -811,23 +456,6 @@ def metric_programs(metrics, config: JudgeMetricConfig) -> list[tuple[str, dict,
             continue
         out.append((name, {}, PROGRAMS[name]))
     return out
-
-
-async def score_metric(session, config: JudgeMetricConfig, metric: str, program, datum: Datum,
-                       idf=None) -> Score:
-    """Run one program on one datum: its Score, with the status of a failure or of a missing
-    input; in a dry run the status is dry_run (the simulated answers are no result). idf:
-    BERTScore's table (Judge.idf), or None."""
-    j = Judge(session, config, metric, idf)
-    try:
-        score = await program(j, datum, config)
-    except NotApplicable as missing:
-        score = Score(None, "not_applicable", {"missing": str(missing)})
-    except Failed as failure:
-        score = Score(None, failure.status, {"error": failure.message})
-    if j.dry and score.status != "not_applicable":
-        score = Score(None, DRY_RUN, {})
-    return score
 
 
 TEMPLATES_OF = {

@@ -1,5 +1,5 @@
 """Whether a model.onnx file is a whole ONNX model, read without loading its weights: the check
-the launcher runs on a --lm_uri / --model_uri folder before the run (pipelines/judge_options.py
+the launcher runs on a --lm_uri / --model_uri folder before the run (pipelines/tasks/judge_options.py
 check_model_folder), so that a truncated copy or a wrong file stops the run at once instead of
 failing every datum on the workers. The file is walked as protobuf fields (onnx.proto's field
 numbers below), the weights' payloads skipped by seeking: milliseconds and no memory for a model

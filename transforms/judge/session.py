@@ -15,9 +15,9 @@ journal keeps it, plus "cached"):
 - otherwise it is sent within the worker's share of the budget (max_calls / workers,
   max_cost / workers, the estimate reserved before sending and settled from the usage after),
   and appended to the journal as soon as it is final. Past the budget: status "not_sent".
-- dry run: nothing is sent. The answer is simulated locally by the stand-in judge's rules
-  (transforms/judge/stand_in.py) so that multi-step metrics go on to their later steps and those
-  calls are counted too; records have status "dry_run" with the simulated content, and the
+- dry run: nothing is sent. The answer is simulated locally by fixed word rules
+  (transforms/judge/simulated.py, which the stand-in judge server answers with too) so that
+  multi-step metrics go on to their later steps and those calls are counted too; records have status "dry_run" with the simulated content, and the
   estimate of tokens is ceil(chars / 4) of the prompt plus that of the simulated answer.
 
 Counters (take_stats): requests, cached, shared, sent, status:<status>, prompt_tokens,
@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
 import time
 
-from evalbeam.transforms.judge import stand_in
 from evalbeam.transforms.judge.journal import REUSABLE, JournalWriter, endpoint_host, read_journal
 from evalbeam.transforms.judge.requests import request_hash
 from evalbeam.transforms.judge.scoring import is_endpoint, parse_endpoint
+from evalbeam.transforms.judge.simulated import simulated_content
 
 NOT_SENT = "not_sent"      # a budget was reached before this request was sent
 DRY_RUN = "dry_run"        # --judge_dry_run: counted, not sent
@@ -57,25 +56,6 @@ def response_record(response, request, settings, url: str | None = None) -> dict
                   sampling={"temperature": request.temperature, "max_tokens": request.max_tokens,
                             "seed": request.seed, "logprobs": request.logprobs})
     return record
-
-
-def simulated_content(request):
-    """What the stand-in judge would answer (dry runs): (content, answer text)."""
-    if request.kind == "embedding":
-        return stand_in.embed(request.messages[0][1], stand_in.EMBEDDING_DIM), ""
-    if request.kind == "logprobs":
-        return stand_in.prompt_logprobs(request.messages[0][1]), ""
-    if request.kind == "classify":   # a dry run's placeholder: no model is run
-        return {"labels": ["LABEL_0"], "probabilities": [0.0]}, ""
-    if request.kind == "tokens":
-        return {"vectors": [[1.0]], "ids": [0], "special": [False]}, ""
-    body = {"model": request.model, "messages": [{"role": r, "content": c} for r, c in request.messages]}
-    if request.schema is not None:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": request.template or "judge",
-                                                   "schema": request.schema, "strict": True}}
-    text, wants_json = stand_in.chat_answer(body, request_hash(request))
-    return (json.loads(text) if wants_json else text), text
 
 
 def merge_counters(parts) -> dict:

@@ -60,7 +60,7 @@ _DRAW_BLOCK = 1 << 20
 # in [b 2^-16, (b + 1) 2^-16), and where that interval does not straddle a bound of
 # _POISSON_CDF all of them draw the same weight. _AMBIGUOUS marks the (at most MAX_WEIGHT)
 # intervals that do; their draws are settled by the CDF itself. Same weights as searching the
-# CDF for every draw (measured 1.5 times as fast for the whole draw).
+# CDF for every draw, in less time.
 _TOP_BITS = 16
 _AMBIGUOUS = 255
 
@@ -79,9 +79,8 @@ _WEIGHT_OF_TOP_BITS = _top_bits_table()
 
 # Memory a replicate loop may hold at once (replicate_blocks): blocks of replicates of at most
 # this many bytes of per-replicate arrays keep a step's peak the same whatever R is. Each block
-# repeats its step's set-up (detection sorts its rows again): 64 MiB made detection's
-# --bootstrap 100 on 5,000 COCO images 16% slower than all replicates at once (4 blocks);
-# 256 MiB is as fast as before (0.96x) at a peak of 0.81 GB against 0.84 GB.
+# repeats its step's set-up (detection sorts its rows again), so blocks must stay large enough
+# for that to be noise: at this size a step is as fast as with all replicates at once.
 REPLICATE_BLOCK_BYTES = 256 << 20
 
 

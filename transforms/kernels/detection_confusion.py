@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from evalbeam.transforms.kernels.classification import counts_above, levels
+from evalbeam.transforms.kernels.classification_match import counts_above, levels
 from evalbeam.transforms.kernels.examples import ExampleSet, smallest_k
 
 PAIR_MIN_IOU = 1e-9
@@ -106,30 +107,50 @@ def confusion_state(pair_dt, pair_gt, pair_iou, dt_label, dt_score, gt_label, n_
     score_thresholds ascending. dt_key, gt_key: (hash uint64[n], position int64[n]) per
     detection / ground truth; examples of a group are those with the smallest keys (a pair is
     keyed by its ground truth, then its detection's position). describe(kind, dt, gt) -> example
-    dict, kind 0 = pair, 1 = unmatched ground truth, 2 = unmatched prediction."""
+    dict, kind 0 = pair, 1 = unmatched ground truth, 2 = unmatched prediction.
+
+    The arguments are the shard's columns as the plumbing holds them (pairs, detections, ground
+    truths) and the protocol's settings, passed through; inside, the taken pairs travel as one
+    _Taken."""
     K, T, S = n_labels, iou_thresholds.size, score_thresholds.size
-    taken = one_to_one(pair_dt, pair_gt, pair_iou, dt_score)
-    d, g, iou = pair_dt[taken], pair_gt[taken], pair_iou[taken]
-    cell = gt_label[g].astype(np.int64) * K + dt_label[d]
-    pair_level = levels(dt_score[d], score_thresholds)
+    chosen = one_to_one(pair_dt, pair_gt, pair_iou, dt_score)
+    d, g = pair_dt[chosen], pair_gt[chosen]
+    taken = _Taken(d, g, pair_iou[chosen], gt_label[g].astype(np.int64) * K + dt_label[d],
+                   levels(dt_score[d], score_thresholds))
     dt_level = levels(dt_score, score_thresholds)
     matrix = np.zeros((T, S, K * K), dtype=np.int64)
     for t, threshold in enumerate(iou_thresholds):
-        passing = iou >= threshold
-        matrix[t] = counts_above(cell[passing], pair_level[passing], K * K, S)
+        passing = taken.iou >= threshold
+        matrix[t] = counts_above(taken.cell[passing], taken.level[passing], K * K, S)
     state = ConfusionState(matrix, np.bincount(gt_label, minlength=K).astype(np.int64),
                            counts_above(dt_label, dt_level, K, S), ExampleSet.empty(), k)
     if k > 0:
-        state.examples = _examples(d, g, iou, cell, pair_level, dt_label, dt_level, gt_label,
-                                   iou_thresholds, S, K, k, dt_key, gt_key, describe)
+        candidates = _example_candidates(taken, dt_label, dt_level, gt_label, iou_thresholds,
+                                          S, K)
+        state.examples = _chosen_examples(*candidates, k, dt_key, gt_key, describe)
     return state
 
 
-def _examples(d, g, iou, cell, pair_level, dt_label, dt_level, gt_label, iou_thresholds, S, K, k,
-              dt_key, gt_key, describe) -> ExampleSet:
-    """The k examples with the smallest keys in every non-empty group (see ConfusionState)."""
+class _Taken(NamedTuple):
+    """The pairs one_to_one takes: detection d and ground truth g int64[n], iou float64[n], cell
+    int64[n] (ground-truth label * K + prediction label), level int64[n] (the score thresholds
+    the detection reaches, classification.levels)."""
+
+    d: np.ndarray
+    g: np.ndarray
+    iou: np.ndarray
+    cell: np.ndarray
+    level: np.ndarray
+
+
+def _example_candidates(taken: _Taken, dt_label: np.ndarray, dt_level: np.ndarray,
+                        gt_label: np.ndarray, iou_thresholds: np.ndarray, S: int, K: int):
+    """Every annotation's example group at every (IoU threshold, score threshold), as arrays
+    (group int64, kind int8: 0 pair, 1 unmatched ground truth, 2 unmatched prediction; dt and
+    gt int64, -1 where the example has none); groups as ConfusionState numbers them."""
+    d, g, iou, cell, pair_level = taken
     width = K * K + 2 * K
-    n_dt, n_gt = dt_label.size, gt_label.size
+    n_gt = gt_label.size
     groups, kinds, dts, gts = [], [], [], []
     for t, threshold in enumerate(iou_thresholds):
         for s in range(S):
@@ -153,12 +174,17 @@ def _examples(d, g, iou, cell, pair_level, dt_label, dt_level, gt_label, iou_thr
             kinds.append(np.full(index.size, 2, np.int8))
             dts.append(index)
             gts.append(np.full(index.size, -1))
-    group = np.concatenate(groups).astype(np.int64)
-    kind = np.concatenate(kinds)
-    dt = np.concatenate(dts).astype(np.int64)
-    gt = np.concatenate(gts).astype(np.int64)
+    return (np.concatenate(groups).astype(np.int64), np.concatenate(kinds),
+            np.concatenate(dts).astype(np.int64), np.concatenate(gts).astype(np.int64))
+
+
+def _chosen_examples(group: np.ndarray, kind: np.ndarray, dt: np.ndarray, gt: np.ndarray, k: int,
+                     dt_key, gt_key, describe) -> ExampleSet:
+    """The k examples with the smallest keys in every non-empty group (see ConfusionState), of
+    _example_candidates' arrays; dt_key, gt_key and describe as confusion_state's."""
     if not group.size:
         return ExampleSet.empty()
+    n_dt, n_gt = len(dt_key[0]), len(gt_key[0])
     # Key: hash of the datum, then the ground truth's position (predictions alone: -1), then the
     # prediction's position (ground truths alone: -1).
     has_gt, has_dt = gt >= 0, dt >= 0

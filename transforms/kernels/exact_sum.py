@@ -154,8 +154,8 @@ _MAX_PIECES = 6
 def _one_blas_thread():
     """A context in which BLAS runs on one thread, when threadpoolctl is installed (it comes
     with scikit-learn); else one that changes nothing. Beam already runs a DoFn per core, and
-    BLAS threads on top of that oversubscribe the cores: measured on 2 busy cores, the product
-    of weighted_totals took 3 to 6 times longer with OpenBLAS's threads than on one."""
+    BLAS threads on top of that oversubscribe the cores: the product of weighted_totals is
+    several times slower with OpenBLAS's threads than on one."""
     import contextlib
 
     try:
@@ -183,7 +183,7 @@ def weighted_totals(values: np.ndarray, weights: np.ndarray) -> list[list[dict[i
     too much to be cut in at most _MAX_PIECES pieces, goes through weighted_exact_totals (the
     same result, slower). Cost: one [R, n] x [n, P] product, P about 2 M for per-datum
     values (a 53-bit mantissa and a span of a few binades fit in two pieces), on one BLAS
-    thread; 100 replicates of 12,500 queries x 53 measures take about 0.1 s."""
+    thread."""
     values = np.asarray(values, dtype=np.float64)
     n, n_measures = values.shape
     replicates = weights.shape[0]

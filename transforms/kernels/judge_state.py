@@ -61,7 +61,9 @@ class ReplicateSums:
                 for column in self.totals]
 
 
-def _merge_optional(mine, theirs):
+def merge_optional(mine, theirs):
+    """mine merged with theirs where either may be None (a state not started): theirs is
+    copied, never shared, when mine is None."""
     if theirs is None:
         return mine
     return theirs.copy() if mine is None else mine.merge(theirs)
@@ -102,13 +104,13 @@ class JudgeMetricState:
             part = ReplicateSums.of(weights[:, columns], np.array([v for _, v in kept]))
         else:
             part = ReplicateSums.empty(weights.shape[0], 1)
-        self.replicates = _merge_optional(self.replicates, part)
+        self.replicates = merge_optional(self.replicates, part)
 
     def merge(self, other: "JudgeMetricState") -> "JudgeMetricState":
         self.total.merge(other.total)
         for status, n in other.counts.items():
             self.counts[status] = self.counts.get(status, 0) + n
-        self.replicates = _merge_optional(self.replicates, other.replicates)
+        self.replicates = merge_optional(self.replicates, other.replicates)
         return self
 
     def copy(self) -> "JudgeMetricState":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from evalbeam.schemas.detection_rows import Raster
-from evalbeam.transforms.kernels.detection import PAIR_CHUNK
+from evalbeam.transforms.kernels.detection_geometry import PAIR_CHUNK
 
 
 def pair_mask_iou(dt_rles: list, gt_rles: list, gt_crowd: np.ndarray):

@@ -58,8 +58,8 @@ query's judged gains sorted descending, cut at k (no cut for IDCG):
 Shapes and cost: evaluate() takes m qrels rows and n run rows and returns Q per-query values per
 measure. It sorts the run once (often only by query: runs are usually written in rank order),
 joins it to the qrels with one binary search per row, then touches only the relevant, judged
-and positive-gain rows; there is no Python loop over queries. 10 M run rows of 100 k queries
-take about 2 s, encode_ids about 3 s more (one argsort of the doc ids' 8-byte words).
+and positive-gain rows; there is no Python loop over queries. encode_ids adds one argsort of
+the doc ids' 8-byte words.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class RuleState:
         import numpy as np
 
         from evalbeam.transforms.kernels.bootstrap import weighted_sums
-        from evalbeam.transforms.kernels.judge_state import ReplicateSums, _merge_optional
+        from evalbeam.transforms.kernels.judge_state import ReplicateSums, merge_optional
 
         notes, self.notes = self.notes or [], None
         replicates = weights.shape[0]
@@ -114,7 +114,7 @@ class RuleState:
             part = (ReplicateSums.of(weights[:, np.array([c for c, _ in kept], np.int64)],
                                      np.array([m for _, m in kept]))
                     if kept else ReplicateSums.empty(replicates, len(LOOPING_METRICS)))
-            self.looping = _merge_optional(self.looping, part)
+            self.looping = merge_optional(self.looping, part)
 
     def merge(self, other: "RuleState") -> "RuleState":
         self.counts.merge(other.counts)

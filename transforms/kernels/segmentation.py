@@ -250,7 +250,7 @@ def label_ids(shape: tuple[int, int], rles: dict, masks, n_segments: int,
         return image, 0
     if len(rles) < n_segments:
         # masks are row-major: painting and adding them to column-major maps would take a
-        # transposing pass each (0.7 to 1.1 s at 100 megapixels), so the maps turn row-major once
+        # transposing pass each, so the maps turn row-major once
         image = np.zeros(shape, dtype=dtype) if image is None else np.ascontiguousarray(image)
         coverage = (np.zeros(shape, dtype=np.uint16) if coverage is None
                     else np.ascontiguousarray(coverage))
@@ -278,13 +278,12 @@ def pair_counts(groundtruth: np.ndarray, prediction: np.ndarray | None, chunk: i
 
     groundtruth, prediction: non-negative integer id arrays of one shape, in any memory order
     (prediction None: only the ground truth's ids, with prediction ids -1). Two uint8 maps take
-    one bincount over (g << 8) | p, about 2 ns a pixel; other dtypes np.unique over
-    g * (max p + 1) + p. Images of
+    one bincount over (g << 8) | p; other dtypes np.unique over g * (max p + 1) + p. Images of
     more than `chunk` pixels are counted a chunk at a time and the counts of equal pairs added
     (the same result; memory beyond the two maps stays about 8 bytes x chunk, where counting a
-    100-megapixel image at once took 1 to 2 GB)."""
+    large image at once would hold several int64 copies of it)."""
     # both maps flattened in one memory order, without a copy when they share it (segment rows
-    # give column-major maps, label maps row-major ones; transposing 100 megapixels takes 0.7 s)
+    # give column-major maps, label maps row-major ones; a transposing copy costs a full pass)
     maps = [a for a in (groundtruth, prediction) if a is not None]
     order = "F" if all(a.flags.f_contiguous for a in maps) else "C"
     g = groundtruth.ravel(order)

@@ -38,8 +38,8 @@ _VALOR_TOKENS = re.compile(r"\w+|\$[\d]+|[^\s\.]+")
 class _UnstemmedTokenizer:
     """rouge-score's DefaultTokenizer(use_stemmer=False): its own tokenize function without a
     stemmer. rouge_score.tokenizers imports nltk for the Porter stemmer, and nltk imports scipy
-    and scikit-learn when they are installed: 1.4 to 3.3 s per worker process (measured), paid
-    by every run that asks for ROUGE without stemming, which is the default."""
+    and scikit-learn when they are installed: seconds of imports per worker process, paid by
+    every run that asks for ROUGE without stemming, which is the default."""
 
     def __init__(self):
         from rouge_score.tokenize import tokenize
