@@ -27,7 +27,7 @@ CASES = {
 
 
 def run_task(task: str, *args) -> int:
-    return importlib.import_module(f"evalbeam.pipelines.{task}").run([str(a) for a in args])
+    return importlib.import_module(f"evalbeam.pipelines.tasks.{task}").run([str(a) for a in args])
 
 
 def lines(path) -> list[str]:

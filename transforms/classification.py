@@ -33,7 +33,7 @@ from evalbeam.schemas.formats import format_of, jsonl_blocks, position_name
 from evalbeam.schemas.rejections import reject
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.graph import (TAG_OUTCOMES, TAG_PRESENCE, EvaluateFiles, EvaluateRows,
-                                       MatchContext, Merged, Read, TaskGraph)
+                                       MatchContext, Read, TaskGraph)
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_REJECTED, TAG_STATS, ProgressDoFn,
                                     ReadDatasets, dataset_of, is_truth, line_splittable, open_span,
                                     qualified, role_of, shard_range, span_of,
@@ -43,7 +43,6 @@ from evalbeam.transforms.kernels.classification import (ALL_METRIC_TYPES, DEFAUL
                                                         ClassificationConfig,
                                                         ClassificationState, datum_correct,
                                                         match_key, state_records)
-from evalbeam.transforms.merge import merged_records
 
 # The most a shard's bootstrap weights (one byte per datum and replicate) may take to be drawn
 # once and shared by its states; beyond it each state draws its own in blocks of replicates
@@ -508,6 +507,9 @@ class ClassificationGraph(TaskGraph):
 
     name = "classification"
     match_sides = ("vocabs",)
+    state_records = staticmethod(state_records)
+    records_side = "vocabs"   # each model's states read on its own vocabulary
+    records_by_model = True
     record_order = ALL_METRIC_TYPES
     default_metrics = DEFAULT_METRIC_TYPES
 
@@ -543,12 +545,6 @@ class ClassificationGraph(TaskGraph):
 
     def matcher(self, config, context):
         return MatchClassification(config, context)
-
-    def merge(self, partials, sides, config, spill_dir):
-        # each model's states read on its own vocabulary
-        records, meters = merged_records(partials, state_records, sides["vocabs"], config,
-                                         by_model=True, spill_dir=spill_dir)
-        return Merged(records, meters)
 
     def problems(self, stages, config, context):
         return stages.sides["per_source"] | "LabelProblems" >> beam.FlatMap(

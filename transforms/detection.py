@@ -517,7 +517,7 @@ def _records_by_category(partials, categories, sizes, config: DetectionConfig, s
     records = (combined
                | "CategoryResults" >> beam.Map(_category_result, config)
                | "GatherCategories" >> beam.GroupByKey()
-               | "Records" >> beam.FlatMap(records_of, category_records, categories, config))
+               | "Records" >> beam.FlatMap(records_of, category_records, config, categories))
     return records, metered_states(parts, combined)
 
 
@@ -568,8 +568,8 @@ class DetectionGraph(TaskGraph):
             records, meters = _records_by_category(partials, sides["categories"], sides["sizes"],
                                                    config, spill_dir)
         else:
-            records, meters = merged_records(partials, state_records, sides["categories"], config,
-                                             spill_dir=spill_dir)
+            records, meters, _ = merged_records(partials, state_records, config,
+                                                sides["categories"], spill_dir=spill_dir)
         return Merged(records, meters)
 
     def problems(self, stages, config, context):

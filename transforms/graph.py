@@ -141,7 +141,9 @@ class TaskGraph:
     interval_unit: str = "datum"  # what one bootstrap weight is drawn for
     record_order: tuple = ()     # every metric type the task writes, in metrics.jsonl's order
     default_metrics: tuple | None = None   # the types computed by default (None: every type)
-    state_records: Callable | None = None   # the kernel's state_records(state, config)
+    state_records: Callable | None = None   # the kernel's state_records(state, config, side)
+    records_side: str | None = None   # the side state state_records reads (None: no side)
+    records_by_model: bool = False    # that side state is {model: value}
 
     # -- reading
     def file_reader(self, config, context: MatchContext, sources: dict) -> beam.DoFn:
@@ -181,10 +183,10 @@ class TaskGraph:
 
     def merge(self, partials, sides: dict, config, spill_dir: str | None) -> Merged:
         """The partial states merged per (model, slice) and read into records; default
-        merged_records with state_records(state, config)."""
-        records, meters = merged_records(partials, type(self).state_records, config,
-                                         spill_dir=spill_dir)
-        return Merged(records, meters)
+        merged_records with the kernel's state_records(state, config, sides[records_side])."""
+        side = sides[self.records_side] if self.records_side else None
+        return Merged(*merged_records(partials, type(self).state_records, config, side,
+                                      self.records_by_model, spill_dir))
 
     # -- what else the run reports
     def report(self, stages: Stages, config, context: MatchContext):

@@ -25,32 +25,36 @@ from evalbeam.transforms.grouping import pack, spill_folder, spill_size, unpack
 from evalbeam.transforms.meters import in_global_window, meter, meter_states
 
 
-def records_of(element, state_records, *args, by_model: bool = False, **kwargs):
-    """((model, slice JSON), merged state) -> the records of state_records(state, *args,
-    **kwargs) (a kernel's function, records without model and slice), each with "model" and
-    "slice" added last; nothing for an empty (None) state. by_model: args[0] is {model: value}
-    and state_records gets the value of the element's model (classification's per-model
-    vocabularies)."""
+def records_of(element, state_records, config, side=None, by_model: bool = False):
+    """((model, slice JSON), merged state) -> the records of state_records(state, config,
+    side) (a kernel's function, the one signature of every task; records without model and
+    slice), each with "model" and "slice" added last; nothing for an empty (None) state.
+    side: what the records are read against besides the config (a side state: categories,
+    labels), or None; by_model: side is {model: value} and state_records gets the value of the
+    element's model (classification's per-model vocabularies)."""
     (model, slice_json), state = element
     if state is None:
         return
     if by_model:
-        args = (args[0][model],) + args[1:]
+        side = side[model]
     slice_value = json.loads(slice_json)
-    for record in state_records(state, *args, **kwargs):
+    for record in state_records(state, config, side):
         record["model"] = model
         record["slice"] = slice_value
         yield record
 
 
-def merged_records(partials, state_records, *args, by_model: bool = False, spill_dir: str | None = None):
-    """((model, slice JSON), partial state) pairs -> (records, meter stats): the records of
-    each merged state (combine_states, spilling to spill_dir when given, then records_of with
-    state_records(state, *args); by_model: see records_of), and the stats pairs of what entered
-    the combine and of its largest state (transforms/meters.py)."""
+def merged_records(partials, state_records, config, side=None, by_model: bool = False,
+                   spill_dir: str | None = None):
+    """((model, slice JSON), partial state) pairs -> (records, meter stats, merged states): the
+    records of each merged state (combine_states, spilling to spill_dir when given, then
+    records_of with state_records(state, config, side); by_model: see records_of), the stats
+    pairs of what entered the combine and of its largest state (transforms/meters.py), and the
+    merged states ((model, slice JSON), state)."""
     combined = combine_states(partials, spill_dir)
-    records = combined | "Records" >> beam.FlatMap(records_of, state_records, *args, by_model=by_model)
-    return records, metered_states(partials, combined)
+    records = combined | "Records" >> beam.FlatMap(records_of, state_records, config, side,
+                                                   by_model=by_model)
+    return records, metered_states(partials, combined), combined
 
 
 def metered_states(partials, combined):

@@ -26,7 +26,7 @@ from evalbeam.schemas.mask_files import MaskFileError
 from evalbeam.schemas.segmentation_rows import SegmentRow, segment_rows
 from evalbeam.schemas.slices import canonical_json
 from evalbeam.transforms.graph import (TAG_PRESENCE, EvaluateFiles, EvaluateRows, MatchContext,
-                                       Merged, TaskGraph)
+                                       TaskGraph)
 from evalbeam.transforms.io import (GROUNDTRUTHS, TAG_STATS, ParsedRows, ProgressDoFn, ReadError,
                                     ReadRowFile, RowsFromDicts, reject_row, unique_by_source)
 from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, SegmentationState,
@@ -34,7 +34,6 @@ from evalbeam.transforms.kernels.segmentation import (SegmentationConfig, Segmen
                                                       label_ids, lookup_table, pixel_confusion,
                                                       pixel_label_sets, state_records)
 from evalbeam.transforms.mask_files import read_array
-from evalbeam.transforms.merge import combine_states, metered_states, records_of
 
 TAG_LABELS = "labels"
 REPLICATE_BATCH = 256   # datums weighed at a time per (model, slice) (MatchSegmentation)
@@ -351,6 +350,8 @@ class SegmentationGraph(TaskGraph):
     name = "segmentation"
     read_tags = (TAG_LABELS,)
     match_sides = ("labels",)
+    state_records = staticmethod(state_records)
+    records_side = "labels"
     interval_unit = INTERVAL_UNIT
     record_order = RECORD_ORDER
 
@@ -370,11 +371,6 @@ class SegmentationGraph(TaskGraph):
 
     def matcher(self, config, context):
         return MatchSegmentation(config, context)
-
-    def merge(self, partials, sides, config, spill_dir):
-        combined = combine_states(partials, spill_dir)
-        records = combined | "Records" >> beam.FlatMap(records_of, state_records, sides["labels"])
-        return Merged(records, metered_states(partials, combined), combined)
 
     def problems(self, stages, config, context):
         return (stages.merged.states

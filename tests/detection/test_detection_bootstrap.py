@@ -230,11 +230,11 @@ def test_bootstrap_off_leaves_the_state_and_records_alone():
     assert off.image_hash is None and off.n_gt_replicates is None
     categories = {"id": sorted(c["id"] for c in dataset["categories"]),
                   "name": [f"cat{c}" for c in sorted(c["id"] for c in dataset["categories"])]}
-    records = list(state_records(DetectionState(plain), categories, DetectionConfig()))
+    records = list(state_records(DetectionState(plain), DetectionConfig(), categories))
     assert all(REPLICATES not in r for r in records)
     on = state_of(dataset, results, "bbox", Bootstrap(3, 0.95, 1))
-    with_replicates = list(state_records(DetectionState(on), categories,
-                                         DetectionConfig(bootstrap=Bootstrap(3, 0.95, 1))))
+    with_replicates = list(state_records(DetectionState(on),
+                                         DetectionConfig(bootstrap=Bootstrap(3, 0.95, 1)), categories))
     assert [{k: v for k, v in r.items() if k != REPLICATES} for r in with_replicates] == records
     # the summaries carry replicates, the curves (not scalars) none
     curves = [r for r in with_replicates if r["type"] == "InterpolatedPrecisionRecallCurve"]

@@ -515,7 +515,7 @@ def _records_of_keys(rng, merged: dict, categories, config) -> list:
     keys = list(merged)
     rng.shuffle(keys)
     return list(category_records([(key, category_result(key[0], merged[key], config, key[1:]))
-                                  for key in keys], categories, config))
+                                  for key in keys], config, categories))
 
 
 def test_label_spans_split_the_largest_labels_evenly():
@@ -546,7 +546,7 @@ def test_per_category_merge_gives_the_whole_state_s_records(cases, seed, iou_typ
     categories["name"] = [f"c{i}" for i in categories["id"]]
     config = DetectionConfig(iou_type, COCO_PROTOCOL)
     whole = list(state_records(DetectionState(product_state(dataset, results, iou_type,
-                                                            area_from_bbox)), categories, config))
+                                                            area_from_bbox)), config, categories))
     rng = np.random.default_rng(seed + 5)
     image_ids = [im["id"] for im in dataset["images"]]
     for n_groups in (1, 3, len(image_ids)):
@@ -582,7 +582,7 @@ def test_per_category_merge_gives_the_whole_state_s_records_under_valor(cases, s
                                            VALOR_PROTOCOL))
 
     image_ids = [im["id"] for im in dataset["images"]]
-    whole = list(state_records(state_of(image_ids), categories, config))
+    whole = list(state_records(state_of(image_ids), config, categories))
     assert any(r["type"] == "ConfusionMatrix" for r in whole)
     rng = np.random.default_rng(seed + 9)
     T = len(VALOR_PROTOCOL.matching_thresholds)
@@ -601,8 +601,8 @@ def test_per_category_parts_of_an_empty_state_keep_the_key():
     assert [k for k, _ in category_parts(empty)] == [-1]
     categories = {"id": [1, 2, 3], "name": ["a", "b", "c"]}
     config = DetectionConfig("bbox", COCO_PROTOCOL)
-    got = list(category_records([((-1, 0, 10), category_result(-1, empty, config))], categories, config))
-    assert json.dumps(got) == json.dumps(list(state_records(empty, categories, config)))
+    got = list(category_records([((-1, 0, 10), category_result(-1, empty, config))], config, categories))
+    assert json.dumps(got) == json.dumps(list(state_records(empty, config, categories)))
     assert got[0]["value"]["AP"] == -1.0
 
 
@@ -875,7 +875,7 @@ def test_label_spans_that_do_not_tile_the_thresholds_are_refused():
         results = [((0, t0, t1), category_result(0, span_part(empty, t0, t1, 10), config, (t0, t1)))
                    for t0, t1 in spans]
         with pytest.raises(ValueError, match="do not tile"):
-            list(category_records(results, categories, config))
+            list(category_records(results, config, categories))
 
 
 def _same_state(a, b) -> bool:

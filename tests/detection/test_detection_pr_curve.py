@@ -120,7 +120,7 @@ def test_hand_computed_curve():
                {"image_id": 1, "category_id": 3, "bbox": [0, 0, 10, 10], "score": 0.6}]
     state = product_state(dataset, results, "bbox", True)
     categories = {"id": [1, 2, 3], "name": ["a", "b", "c"]}
-    found = curves(state_records(DetectionState(state), categories, DetectionConfig()))
+    found = curves(state_records(DetectionState(state), DetectionConfig(), categories))
     a = found[0.5, "a"]["value"]
     assert a["precisions"] == [2 / (1 + 2 + np.spacing(1))] * 101
     assert a["scores"] == [0.9] + [0.8] * 50 + [0.7] * 50
@@ -192,7 +192,7 @@ def test_coco_records_equal_pycocotools(seed):
     state = product_state(dataset, results, "bbox", first_has_bbox(results))
     cats = sorted(dataset["categories"], key=lambda c: c["id"])
     categories = {"id": [c["id"] for c in cats], "name": [c["name"] for c in cats]}
-    records = list(state_records(DetectionState(state), categories, DetectionConfig()))
+    records = list(state_records(DetectionState(state), DetectionConfig(), categories))
     found = curves(records)
     assert len(found) == len([r for r in records if r["type"] == CURVE]) == IOU_THRESHOLDS.size * len(cats)
     m = MAX_DETS.index(100)
@@ -228,7 +228,7 @@ def test_valor_records_equal_pycocotools_and_ap(seed):
     state = parts[0]
     cats = sorted(dataset["categories"], key=lambda c: c["id"])
     categories = {"id": [c["id"] for c in cats], "name": [c["name"] for c in cats]}
-    records = list(state_records(DetectionState(*parts), categories, DetectionConfig(protocol=protocol)))
+    records = list(state_records(DetectionState(*parts), DetectionConfig(protocol=protocol), categories))
     found = curves(records)
     aps = {(r["parameters"]["iou_threshold"], r["parameters"]["label"]): r["value"]
            for r in records if r["type"] == "AP"}

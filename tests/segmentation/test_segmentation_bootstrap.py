@@ -81,7 +81,7 @@ def repeated_records(datums, weights: np.ndarray, K: int, labels: list[str]) -> 
         if w:
             declared[codes + [int(k) for k in np.unique(pd_codes) if k >= 0]] = True
     state = SegmentationState(matrix, declared)
-    return {(r["type"], r["parameters"].get("label")): r["value"] for r in state_records(state, labels)
+    return {(r["type"], r["parameters"].get("label")): r["value"] for r in state_records(state, None, labels)
             if r["type"] in SCALARS}
 
 
@@ -92,8 +92,8 @@ def test_replicates_equal_the_metrics_of_the_repeated_dataset(seed):
     datums = random_datums(seed, n=[1, 3, 9, 14, 25][seed], K=K)
     bootstrap = Bootstrap(30, seed=seed * 7 + 1)
     state = kernel_state(datums, K, bootstrap)
-    records = list(state_records(state, labels))
-    plain = list(state_records(SegmentationState(state.matrix, state.declared), labels))
+    records = list(state_records(state, None, labels))
+    plain = list(state_records(SegmentationState(state.matrix, state.declared), None, labels))
     # the point records are those without bootstrap, field for field
     assert [{k: v for k, v in r.items() if k != REPLICATES} for r in records] == plain
     weights = bootstrap.weights(fnv1a_64(pa.array([uid for uid, *_ in datums], pa.string())))
@@ -143,13 +143,13 @@ def test_datum_without_counted_pixels_and_no_bootstrap():
     datums = [("only-ignored", gt, pd, [1])]
     state = kernel_state(datums, K, Bootstrap(8, seed=2))
     weights = Bootstrap(8, seed=2).weights(fnv1a_64(pa.array(["only-ignored"])))[:, 0]
-    accuracy = next(r for r in state_records(state, ["a", "b"]) if r["type"] == "Accuracy")
+    accuracy = next(r for r in state_records(state, None, ["a", "b"]) if r["type"] == "Accuracy")
     assert accuracy["value"] == 0.0
     assert accuracy[REPLICATES] == [None if w == 0 else 0.0 for w in weights]
     plain = SegmentationState.empty(K)
     plain.add_datum(codes_matrix(gt, pd, K), [1])
     assert plain.replicates is None
-    assert all(REPLICATES not in r for r in state_records(plain, ["a", "b"]))
+    assert all(REPLICATES not in r for r in state_records(plain, None, ["a", "b"]))
 
 
 # ----------------------------------------------------------------------------- the command

@@ -179,8 +179,8 @@ def key_metrics(state: KeyState, key: str, vocabulary: list[str],
     return records
 
 
-def state_records(state: ClassificationState, vocab: dict[str, list[str]],
-                  config: ClassificationConfig) -> list[dict]:
+def state_records(state: ClassificationState, config: ClassificationConfig,
+                  vocab: dict[str, list[str]]) -> list[dict]:
     """Metric records ({"type", "value", "parameters"}) of a merged state: key_metrics of each
     label key, keys in sorted order; vocab: {key: sorted values}, the vocabulary the state's
     value indices refer to."""

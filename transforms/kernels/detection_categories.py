@@ -158,7 +158,7 @@ def _joined_spans(results, n_thresholds: int) -> dict:
     return joined
 
 
-def category_records(results, categories: dict, config: DetectionConfig):
+def category_records(results, config: DetectionConfig, categories: dict):
     """((label k, t0, t1), category_result) pairs of one (model, slice), in any order, a
     label's IoU-threshold spans tiling all of them (one (0, T) span when it is not split) ->
     the records state_records gives for the whole merged state (a label without a pair has no

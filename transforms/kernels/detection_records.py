@@ -19,7 +19,7 @@ from evalbeam.transforms.kernels.detection_valor_records import (interpolated_cu
                                                                  valor_replicate_records)
 
 
-def state_records(state: DetectionState, categories: dict, config: DetectionConfig):
+def state_records(state: DetectionState, config: DetectionConfig, categories: dict):
     """A merged DetectionState -> the metric records of the protocol (without model and slice).
 
     categories: {"id": category ids, ascending, "name": their names} (the state's label k is

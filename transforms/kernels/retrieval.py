@@ -734,7 +734,7 @@ class RetrievalState:
         return out
 
 
-def state_records(state: RetrievalState, config: RetrievalConfig):
+def state_records(state: RetrievalState, config: RetrievalConfig, side=None):
     """Averages (sums for the counts in SUMMED) of the reported measures, as trec_eval's `all`
     line: a "Queries" record (the number of queries averaged over, with the settings that
     decide it), then one record per measure in name order. Records have "type", "value",

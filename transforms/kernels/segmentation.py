@@ -441,7 +441,8 @@ def attach_segmentation_replicates(records: list[dict], statistics: np.ndarray, 
     return records
 
 
-def state_records(state: SegmentationState, labels: list[str]):
+def state_records(state: SegmentationState, config: SegmentationConfig | None,
+                  labels: list[str]):
     """Valor's records of one merged state for the labels present: those named by an evaluated
     segment or with pixels in the ground truth or a prediction. labels: the run's sorted label
     names (code k is labels[k]). Records are {"type", "value", "parameters"}: Accuracy, mIOU,

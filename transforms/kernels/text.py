@@ -158,7 +158,7 @@ class TextState:
         return [corpus_bleu(row[:-1]) if row[-1] else None for row in part]
 
 
-def state_records(state: TextState, config: TextConfig) -> list[dict]:
+def state_records(state: TextState, config: TextConfig, side=None) -> list[dict]:
     """Aggregate records (type, value, parameters) of a merged state: means over the datums
     scored (zeros when none was), then the rule and judge states' records by record type.
 
