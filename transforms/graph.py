@@ -157,7 +157,8 @@ class TaskGraph:
 
     def read_files(self, pbegin, config, context: MatchContext, sources: dict) -> Read:
         tags = (TAG_REJECTED, TAG_STATS) + tuple(self.read_tags)
-        read = pbegin | "ReadFiles" >> ReadFiles(sources, self.file_reader(config, context, sources), tags)
+        reader = self.file_reader(config, context, sources)
+        read = pbegin | "ReadFiles" >> ReadFiles(sources, reader, tags)
         return Read.of(read, self.read_tags)
 
     def read_rows(self, pcolls: dict, config, context: MatchContext, batch_size: int) -> Read:
@@ -202,7 +203,8 @@ class TaskGraph:
         return {}
 
     def diagnostics(self, stages: Stages) -> dict:
-        """What users' PTransforms return beside records, rejected and stats ({name: PCollection})."""
+        """What users' PTransforms return beside records, rejected and stats ({name:
+        PCollection})."""
         return {}
 
     # -- order
@@ -259,7 +261,8 @@ class EvaluateFiles(beam.PTransform):
 
     def __init__(self, config, job):
         super().__init__()
-        self.config, self.context = self.graph.prepare(config, MatchContext.of_job(job), job.sources)
+        self.config, self.context = self.graph.prepare(config, MatchContext.of_job(job),
+                                                       job.sources)
         self.sources = job.sources
         self.spill_dir = job.temp("pieces")
 
@@ -308,7 +311,8 @@ class EvaluateRows(beam.PTransform):
         self.bootstrap = bootstrap or Bootstrap()
         self.compare_to = compare_to
         if compare_to is not None and not self.bootstrap.enabled:
-            raise ValueError("compare_to needs bootstrap replicates (Bootstrap(replicates=R), R > 0)")
+            raise ValueError("compare_to needs bootstrap replicates "
+                             "(Bootstrap(replicates=R), R > 0)")
 
     def expand(self, pcolls):
         from evalbeam.transforms.meters import is_row_counter
